@@ -1,0 +1,122 @@
+"""A plain numpy executor: runs a plan inside one process. The reference for every runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ._checks import as_shape
+from .layout import Box, Layout, box_shape
+from .plan import AllGather, Broadcast, Copy, Plan, Send
+
+__all__ = ["execute_local", "gather", "scatter"]
+
+
+def _local(box: Box, within: Box) -> tuple[slice, ...]:
+    """``box`` (global coordinates) relative to the shard ``within``."""
+    return tuple(slice(b.start - w.start, b.stop - w.start) for b, w in zip(box, within))
+
+
+def scatter(array: np.ndarray, layout: Layout) -> dict[int, np.ndarray]:
+    """Split ``array`` into the shards of ``layout``: ``{rank: copy of its box}``."""
+    array = np.asarray(array)
+    return {r: array[layout.box(r, array.shape)].copy() for r in layout.mesh.devices}
+
+
+def _check_shards(
+    shards: Mapping[int, np.ndarray],
+    layout: Layout,
+    shape: tuple[int, ...],
+    dtype: np.dtype | None,
+    argument: str,
+) -> None:
+    if not isinstance(shards, Mapping):
+        raise TypeError(f"{argument} must be a dict {{rank: ndarray}}, got {type(shards).__name__}")
+    for r in layout.mesh.devices:
+        if r not in shards:
+            raise ValueError(f"{argument} is missing rank {r} of mesh {layout.mesh.notation()}")
+        shard = shards[r]
+        if not isinstance(shard, np.ndarray):
+            raise TypeError(f"{argument}[{r}] must be a numpy array, got {type(shard).__name__}")
+        want = box_shape(layout.box(r, shape))
+        if shard.shape != want:
+            raise ValueError(
+                f"{argument}[{r}] has shape {shard.shape}, but layout "
+                f"{layout.spec!r} gives rank {r} a shard of shape {want}"
+            )
+        if dtype is not None and shard.dtype != dtype:
+            raise ValueError(f"{argument}[{r}] has dtype {shard.dtype}, the plan moves {dtype}")
+
+
+def gather(
+    shards: Mapping[int, np.ndarray], layout: Layout, shape: Sequence[int] | None = None
+) -> np.ndarray:
+    """Assemble the global array from ``{rank: shard}`` laid out by ``layout``.
+
+    The global shape is inferred from the shards unless given. Replicas must agree exactly.
+    """
+    if not isinstance(shards, Mapping):
+        raise TypeError(f"shards must be a dict {{rank: ndarray}}, got {type(shards).__name__}")
+    devices = layout.mesh.devices
+    missing = [r for r in devices if r not in shards]
+    if missing:
+        raise ValueError(f"shards is missing ranks {missing} of mesh {layout.mesh.notation()}")
+    first = np.asarray(shards[devices[0]])
+    if shape is None:
+        ndim = first.ndim
+        tiles = layout.tile_of_positions(ndim)
+        extents: list[dict[int, int]] = [{} for _ in range(ndim)]
+        for pos, r in enumerate(devices):
+            for d in range(ndim):
+                extents[d][int(tiles[pos, d])] = np.shape(shards[r])[d]
+        shape = tuple(sum(e.values()) for e in extents)
+    shape = as_shape(shape)
+    _check_shards(shards, layout, shape, first.dtype, "shards")
+    out = np.empty(shape, dtype=first.dtype)
+    seen = np.zeros(shape, dtype=bool)
+    for r in devices:
+        box = layout.box(r, shape)
+        region = out[box]
+        if seen[box].any() and not np.array_equal(region[seen[box]], shards[r][seen[box]]):
+            raise ValueError(f"shards[{r}] disagrees with another replica of the same region")
+        region[...] = shards[r]
+        seen[box] = True
+    return out
+
+
+def execute_local(plan: Plan, shards: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Run ``plan`` in this process: from source shards ``{rank: ndarray}`` (every rank of the
+    source mesh) to destination shards (every rank of the destination mesh)."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
+    task = plan.task
+    _check_shards(shards, task.src, task.shape, task.numpy_dtype, "shards")
+    src_box = {r: task.src_box(r) for r in task.src.mesh.devices}
+    dst_box = {r: task.dst_box(r) for r in task.dst.mesh.devices}
+    out = {r: np.zeros(box_shape(b), dtype=task.numpy_dtype) for r, b in dst_box.items()}
+
+    def read(rank: int, box: Box) -> np.ndarray:
+        return shards[rank][_local(box, src_box[rank])]
+
+    def write(rank: int, box: Box, data: np.ndarray) -> None:
+        out[rank][_local(box, dst_box[rank])] = data
+
+    for op in plan.ops:
+        if isinstance(op, Copy):
+            write(op.rank, op.box, read(op.rank, op.box))
+        elif isinstance(op, Send):
+            write(op.dst, op.box, read(op.src, op.box))
+        elif isinstance(op, Broadcast):
+            data = read(op.src, op.box)
+            for r in op.dsts:
+                write(r, op.box, data)
+        elif isinstance(op, AllGather):
+            for owner, part in zip(op.group, op.parts):
+                data = out[owner][_local(part, dst_box[owner])].copy()
+                for r in op.group:
+                    if r != owner:
+                        write(r, part, data)
+        else:
+            raise TypeError(f"plan has an operation of unknown type {type(op).__name__}")
+    return out

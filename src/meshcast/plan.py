@@ -1,0 +1,311 @@
+"""Plans: plain data, an ordered list of operations that any backend can run.
+
+Operations read from the source shard of the rank that sends (a *holder*) and write into the
+destination shard of the ranks that receive. ``AllGather`` is the one exception: each of its ranks
+contributes a part it already received into its destination shard.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .layout import Box, box_size
+from .task import ReshardTask
+from .topology import Topology
+
+__all__ = ["AllGather", "Broadcast", "Copy", "Op", "Plan", "Send", "Transfer"]
+
+
+class Copy(NamedTuple):
+    """``rank`` holds ``box`` in its source shard and needs it in its destination shard."""
+
+    rank: int
+    box: Box
+    kind = "copy"
+
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank taking part."""
+        return (self.rank,)
+
+
+class Send(NamedTuple):
+    """Point-to-point: ``src`` sends ``box`` from its source shard to ``dst``."""
+
+    src: int
+    dst: int
+    box: Box
+    kind = "send"
+
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank taking part."""
+        return (self.src, self.dst)
+
+
+class Broadcast(NamedTuple):
+    """``src`` multicasts ``box`` to every rank of ``dsts`` (``src`` is not one of them).
+
+    Runtimes deliver it into each receiving host once and fan it out inside the host.
+    """
+
+    src: int
+    dsts: tuple[int, ...]
+    box: Box
+    kind = "broadcast"
+
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank taking part."""
+        return (self.src, *self.dsts)
+
+
+class AllGather(NamedTuple):
+    """Rank ``group[i]`` holds ``parts[i]`` (a piece of ``box``) in its destination shard; after
+    the all-gather every rank of ``group`` holds all of ``box``."""
+
+    group: tuple[int, ...]
+    box: Box
+    parts: tuple[Box, ...]
+    kind = "allgather"
+
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank taking part."""
+        return self.group
+
+
+Op = Copy | Send | Broadcast | AllGather
+_OPS: dict[str, type] = {c.kind: c for c in (Copy, Send, Broadcast, AllGather)}
+
+
+class Transfer(NamedTuple):
+    """One rank-to-rank movement of bytes in the host-aware realisation of an operation."""
+
+    src: int
+    dst: int
+    nbytes: int
+
+
+def broadcast_chain(op: Broadcast, host_of: dict[int, int]) -> list[tuple[int, list[int]]]:
+    """Host-aware route of a broadcast: ``[(leader, ranks it fans out to locally), ...]``.
+
+    The first entry is the sender's own host (the sender leads it, possibly with nobody to feed);
+    then one entry per other receiving host, in order of first appearance in ``op.dsts``. Each
+    leader receives from the previous leader, so the data enters each receiving host once.
+    """
+    src_host = host_of[op.src]
+    groups: dict[int, list[int]] = {src_host: []}
+    for r in op.dsts:
+        groups.setdefault(host_of[r], []).append(r)
+    chain = [(op.src, groups.pop(src_host))]
+    for members in groups.values():
+        chain.append((members[0], members[1:]))
+    return chain
+
+
+def transfers(op: Op, itemsize: int, host_of: dict[int, int]) -> Iterator[Transfer]:
+    """The point-to-point movements an operation makes when run host-aware (local copies: none)."""
+    if isinstance(op, Send):
+        yield Transfer(op.src, op.dst, box_size(op.box) * itemsize)
+    elif isinstance(op, Broadcast):
+        nbytes = box_size(op.box) * itemsize
+        prev = None
+        for leader, members in broadcast_chain(op, host_of):
+            if prev is not None:
+                yield Transfer(prev, leader, nbytes)
+            for r in members:
+                yield Transfer(leader, r, nbytes)
+            prev = leader
+    elif isinstance(op, AllGather):
+        for i, part in zip(op.group, op.parts):
+            nbytes = box_size(part) * itemsize
+            for j in op.group:
+                if j != i:
+                    yield Transfer(i, j, nbytes)
+
+
+def _box_to_json(box: Box) -> list[list[int]]:
+    return [[s.start, s.stop] for s in box]
+
+
+def _box_from_json(data: list[list[int]]) -> Box:
+    return tuple(slice(a, b) for a, b in data)
+
+
+def _op_to_json(op: Op) -> list[Any]:
+    if isinstance(op, Copy):
+        return ["copy", op.rank, _box_to_json(op.box)]
+    if isinstance(op, Send):
+        return ["send", op.src, op.dst, _box_to_json(op.box)]
+    if isinstance(op, Broadcast):
+        return ["broadcast", op.src, list(op.dsts), _box_to_json(op.box)]
+    return ["allgather", list(op.group), _box_to_json(op.box), [_box_to_json(p) for p in op.parts]]
+
+
+def _op_from_json(data: list[Any]) -> Op:
+    kind = data[0]
+    if kind == "copy":
+        return Copy(data[1], _box_from_json(data[2]))
+    if kind == "send":
+        return Send(data[1], data[2], _box_from_json(data[3]))
+    if kind == "broadcast":
+        return Broadcast(data[1], tuple(data[2]), _box_from_json(data[3]))
+    if kind == "allgather":
+        return AllGather(
+            tuple(data[1]), _box_from_json(data[2]), tuple(_box_from_json(p) for p in data[3])
+        )
+    raise ValueError(f"plan JSON has an operation of unknown kind {kind!r}; known: {list(_OPS)}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resharding plan: the task, the ordered operations, and how they were chosen.
+
+    ``fallbacks`` records, for the ``"allgather"`` strategy, the unit slices (by index into
+    ``task.unit_slices()``) sent point-to-point instead, and why.
+    """
+
+    task: ReshardTask
+    ops: tuple[Op, ...]
+    strategy: str
+    balance: str
+    topology: Topology
+    fallbacks: tuple[tuple[int, str], ...] = ()
+    _by_rank: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
+
+    # -- queries ----------------------------------------------------------------------------
+    def ops_of(self, rank: int) -> list[int]:
+        """Indices (in plan order) of the operations ``rank`` takes part in."""
+        if not self._by_rank:
+            index: dict[int, list[int]] = defaultdict(list)
+            for i, op in enumerate(self.ops):
+                for r in op.ranks():
+                    index[r].append(i)
+            self._by_rank.update(index)
+            self._by_rank.setdefault(-1, [])  # marks the index as built
+        return self._by_rank.get(rank, [])
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank of the source or destination mesh, sorted."""
+        return sorted(set(self.task.src.mesh.devices) | set(self.task.dst.mesh.devices))
+
+    def transfers(self) -> Iterator[Transfer]:
+        """All rank-to-rank movements of the host-aware realisation, in plan order."""
+        host_of = self.topology._host_of
+        for op in self.ops:
+            yield from transfers(op, self.task.itemsize, host_of)
+
+    def bytes_by_kind(self) -> dict[str, tuple[int, int]]:
+        """``{kind: (number of ops, bytes of the boxes they move)}``."""
+        out: dict[str, list[int]] = {k: [0, 0] for k in _OPS}
+        size = self.task.itemsize
+        for op in self.ops:
+            entry = out[op.kind]
+            entry[0] += 1
+            entry[1] += box_size(op.box) * size
+        return {k: (v[0], v[1]) for k, v in out.items() if v[0]}
+
+    def bytes_per_rank(self) -> dict[int, tuple[int, int]]:
+        """``{rank: (bytes sent, bytes received)}`` over the network (local copies excluded)."""
+        sent: dict[int, int] = defaultdict(int)
+        received: dict[int, int] = defaultdict(int)
+        for t in self.transfers():
+            sent[t.src] += t.nbytes
+            received[t.dst] += t.nbytes
+        return {r: (sent[r], received[r]) for r in sorted(set(sent) | set(received))}
+
+    def bytes_per_host(self) -> dict[int, tuple[int, int]]:
+        """``{host: (bytes out, bytes in)}`` across host boundaries."""
+        host_of = self.topology._host_of
+        out: dict[int, int] = defaultdict(int)
+        inn: dict[int, int] = defaultdict(int)
+        for t in self.transfers():
+            a, b = host_of[t.src], host_of[t.dst]
+            if a != b:
+                out[a] += t.nbytes
+                inn[b] += t.nbytes
+        return {h: (out[h], inn[h]) for h in range(self.topology.num_hosts)}
+
+    def cross_host_bytes(self) -> int:
+        """Total bytes crossing host boundaries."""
+        return sum(o for o, _ in self.bytes_per_host().values())
+
+    def summary(self, max_rows: int = 32) -> str:
+        """A printable report: bytes per operation kind, per rank and per host."""
+        lines = [
+            f"plan: {self.task.describe()}",
+            f"strategy={self.strategy} balance={self.balance} ops={len(self.ops)} "
+            f"tensor={_fmt_bytes(self.task.nbytes)} topology={self.topology.num_hosts} hosts"
+            + (f" ({self.topology.name})" if self.topology.name else ""),
+            "",
+            f"{'operation':<10} {'count':>8} {'bytes':>12}",
+        ]
+        for kind, (count, nbytes) in self.bytes_by_kind().items():
+            lines.append(f"{kind:<10} {count:>8} {_fmt_bytes(nbytes):>12}")
+        if self.fallbacks:
+            reasons: dict[str, int] = defaultdict(int)
+            for _, why in self.fallbacks:
+                reasons[why] += 1
+            lines += ["", "point-to-point fallbacks:"]
+            lines += [f"  {n} x {why}" for why, n in sorted(reasons.items())]
+        per_rank = self.bytes_per_rank()
+        lines += ["", f"{'rank':>6} {'host':>5} {'sent':>12} {'received':>12}"]
+        for i, (r, (s, v)) in enumerate(per_rank.items()):
+            if i == max_rows:
+                lines.append(f"   ... {len(per_rank) - max_rows} more ranks")
+                break
+            lines.append(
+                f"{r:>6} {self.topology.host_of(r):>5} {_fmt_bytes(s):>12} {_fmt_bytes(v):>12}"
+            )
+        lines += ["", f"{'host':>5} {'out':>12} {'in':>12}"]
+        for h, (o, v) in self.bytes_per_host().items():
+            if h == max_rows:
+                lines.append(f"  ... {self.topology.num_hosts - max_rows} more hosts")
+                break
+            lines.append(f"{h:>5} {_fmt_bytes(o):>12} {_fmt_bytes(v):>12}")
+        lines.append(f"across hosts: {_fmt_bytes(self.cross_host_bytes())}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    # -- serialisation ----------------------------------------------------------------------
+    def to_json(self, indent: int | None = None) -> str:
+        """The plan as a JSON string; :meth:`from_json` restores an equal plan."""
+        return json.dumps(
+            {
+                "format": "meshcast.plan/1",
+                "task": self.task.to_json(),
+                "strategy": self.strategy,
+                "balance": self.balance,
+                "topology": self.topology.to_json(),
+                "fallbacks": [list(f) for f in self.fallbacks],
+                "ops": [_op_to_json(op) for op in self.ops],
+            },
+            indent=indent,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes | dict[str, Any]) -> Plan:
+        """Inverse of :meth:`to_json` (accepts the string or the parsed dict)."""
+        data = text if isinstance(text, dict) else json.loads(text)
+        if data.get("format") != "meshcast.plan/1":
+            raise ValueError(f"not a meshcast plan: format={data.get('format')!r}")
+        return cls(
+            task=ReshardTask.from_json(data["task"]),
+            ops=tuple(_op_from_json(op) for op in data["ops"]),
+            strategy=data["strategy"],
+            balance=data["balance"],
+            topology=Topology.from_json(data["topology"]),
+            fallbacks=tuple((int(i), str(why)) for i, why in data["fallbacks"]),
+        )
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError

@@ -1,0 +1,160 @@
+"""From a task to a plan: which sender, which collective, in what order.
+
+Planning is a pure function of its arguments: the same plan on every rank and every machine.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from .layout import Box
+from .plan import AllGather, Broadcast, Copy, Op, Plan, Send
+from .task import ReshardTask
+from .topology import Topology
+
+__all__ = ["BALANCES", "STRATEGIES", "plan"]
+
+STRATEGIES = ("send_recv", "allgather", "broadcast")
+"""Communication strategies (PAPER.md sections 2-3)."""
+
+BALANCES = ("none", "size")
+"""How a sender is chosen among the holders of a slice: ``"none"`` takes the first holder (the
+paper's "Naive"); ``"size"`` the holder on the host that has sent the fewest bytes so far."""
+
+
+def _split(box: Box, k: int) -> tuple[Box, ...] | None:
+    """``box`` cut into ``k`` non-empty parts along its longest dimension, or None if too small."""
+    if not box:
+        return None
+    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
+    lo, hi = box[dim].start, box[dim].stop
+    n = hi - lo
+    if n < k:
+        return None
+    small, extra = divmod(n, k)  # numpy.array_split sizes: the first `extra` parts one longer
+    parts, start = [], lo
+    for i in range(k):
+        stop = start + small + (i < extra)
+        parts.append((*box[:dim], slice(start, stop), *box[dim + 1 :]))
+        start = stop
+    return tuple(parts)
+
+
+class _SenderChooser:
+    """Picks a holder for each transfer according to the balance method."""
+
+    def __init__(self, balance: str, topology: Topology, itemsize: int) -> None:
+        self._balance = balance
+        self._host_of = topology._host_of
+        self._itemsize = itemsize
+        self._host_load: dict[int, int] = defaultdict(int)
+        self._rank_load: dict[int, int] = defaultdict(int)
+
+    def __call__(self, holders: tuple[int, ...], nbytes: int) -> int:
+        if self._balance == "none" or len(holders) == 1:
+            choice = holders[0]
+        else:
+            host_load, rank_load, host_of = self._host_load, self._rank_load, self._host_of
+            choice = min(holders, key=lambda r: (host_load[host_of[r]], rank_load[r]))
+        self._host_load[self._host_of[choice]] += nbytes
+        self._rank_load[choice] += nbytes
+        return choice
+
+
+def plan(
+    task: ReshardTask,
+    topology: Topology | None = None,
+    strategy: str = "broadcast",
+    balance: str = "none",
+) -> Plan:
+    """Plan ``task``: decompose it into unit slices and choose, for each, how it moves.
+
+    ``topology`` says which ranks share a host; without one, the last axis of each mesh is taken to
+    span one host (the paper's (hosts, devices) convention). ``strategy`` is one of
+    :data:`STRATEGIES`, ``balance`` one of :data:`BALANCES`.
+    """
+    if not isinstance(task, ReshardTask):
+        raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")
+    if balance not in BALANCES:
+        raise ValueError(f"balance={balance!r} is unknown; choose one of {', '.join(BALANCES)}")
+    if topology is None:
+        topology = Topology.from_meshes(task.src.mesh, task.dst.mesh)
+    elif not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
+    topology.covers(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
+
+    dec = task.decomposition
+    itemsize = task.itemsize
+    choose = _SenderChooser(balance, topology, itemsize)
+    host_of = topology._host_of
+    emit_slice = _STRATEGY_EMITTERS[strategy]
+    ops: list[Op] = []
+    fallbacks: list[tuple[int, str]] = []
+    # (src tile, dst tile) -> (local copies, receivers that need the data over the network)
+    pair_cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    sizes = dec.sizes().tolist()
+    for i, (box, s, t) in enumerate(zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())):
+        key = (s, t)
+        split = pair_cache.get(key)
+        if split is None:
+            holders = set(dec.holders_of_tile[s])
+            receivers = dec.receivers_of_tile[t]
+            split = (
+                tuple(r for r in receivers if r in holders),
+                tuple(r for r in receivers if r not in holders),
+            )
+            pair_cache[key] = split
+        local, remote = split
+        for r in local:
+            ops.append(Copy(r, box))
+        if remote:
+            holders = dec.holders_of_tile[s]
+            emit_slice(
+                ops, fallbacks, i, box, holders, remote, sizes[i] * itemsize, choose, host_of
+            )
+    return Plan(task, tuple(ops), strategy, balance, topology, tuple(fallbacks))
+
+
+_Emitter = Callable[..., None]
+
+
+def _emit_send_recv(ops, fallbacks, i, box, holders, remote, nbytes, choose, host_of) -> None:
+    for r in remote:
+        ops.append(Send(choose(holders, nbytes), r, box))
+
+
+def _emit_broadcast(ops, fallbacks, i, box, holders, remote, nbytes, choose, host_of) -> None:
+    sender = choose(holders, nbytes)
+    ops.append(Send(sender, remote[0], box) if len(remote) == 1 else Broadcast(sender, remote, box))
+
+
+def _emit_allgather(ops, fallbacks, i, box, holders, remote, nbytes, choose, host_of) -> None:
+    by_host: dict[int, list[int]] = {}
+    for r in remote:
+        by_host.setdefault(host_of[r], []).append(r)
+    for h, group in by_host.items():
+        parts = _split(box, len(group)) if len(group) > 1 else None
+        if parts is None:
+            why = (
+                f"one receiver on host {h}"
+                if len(group) == 1
+                else f"slice too small to split among {len(group)} receivers on host {h}"
+            )
+            fallbacks.append((i, why))
+            for r in group:
+                ops.append(Send(choose(holders, nbytes), r, box))
+            continue
+        part_bytes = nbytes // len(group)
+        for r, part in zip(group, parts):
+            ops.append(Send(choose(holders, part_bytes), r, part))
+        ops.append(AllGather(tuple(group), box, parts))
+
+
+_STRATEGY_EMITTERS: dict[str, _Emitter] = {
+    "send_recv": _emit_send_recv,
+    "allgather": _emit_allgather,
+    "broadcast": _emit_broadcast,
+}

@@ -1,0 +1,224 @@
+"""Topology: which host each rank sits on, and how fast hosts talk.
+
+The planner uses the host map to keep traffic off the slow inter-host links; the simulator and the
+lower bound use the bandwidths. The runtime fills the host map from the launcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._checks import as_index
+from .mesh import Mesh
+
+__all__ = ["PRESETS", "Topology"]
+
+# name -> (devices per host, NICs per host, Gbit/s per NIC, intra-host Gbit/s, latency in us)
+PRESETS: dict[str, tuple[int, int, float, float, float]] = {
+    # The paper's cluster: AWS p3.8xlarge, 4 x V100 with NVLink, ~10 Gbit/s between hosts.
+    "p3.8xlarge": (4, 1, 10.0, 800.0, 30.0),
+    # A modern GPU node: 8 GPUs with NVLink/NVSwitch, 8 x 400 Gbit/s NICs (one per GPU).
+    "h100x8": (8, 8, 400.0, 3600.0, 10.0),
+}
+
+
+def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> tuple[float, ...]:
+    values = [value] * num_hosts if isinstance(value, (int, float)) else list(value)
+    if len(values) != num_hosts:
+        raise ValueError(
+            f"{argument} must be one number or one per host ({num_hosts}), got {value!r}"
+        )
+    for v in values:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            raise ValueError(f"{argument} must be positive numbers, got {v!r}")
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Hosts of ranks plus link speeds.
+
+    ``hosts[h]`` lists the global ranks on host ``h``. Each host has ``nics_per_host[h]`` NICs,
+    full duplex, each ``nic_in_gbps[h]`` inbound and ``nic_out_gbps[h]`` outbound (Gbit/s); the
+    devices of a host are attached to its NICs in equal consecutive blocks. Inside a host, devices
+    talk at ``intra_gbps``; every operation pays ``latency_us`` to start.
+    """
+
+    hosts: tuple[tuple[int, ...], ...]
+    nic_in_gbps: tuple[float, ...] = ()
+    nic_out_gbps: tuple[float, ...] = ()
+    nics_per_host: tuple[int, ...] = ()
+    intra_gbps: float = 800.0
+    latency_us: float = 30.0
+    name: str = ""
+    _host_of: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        hosts = tuple(tuple(as_index(r, "hosts rank") for r in h) for h in self.hosts)
+        if not hosts or any(not h for h in hosts):
+            raise ValueError("hosts must be a non-empty list of non-empty lists of ranks")
+        host_of: dict[int, int] = {}
+        for h, ranks in enumerate(hosts):
+            for r in ranks:
+                if r in host_of:
+                    raise ValueError(f"hosts: rank {r} is on host {host_of[r]} and on host {h}")
+                host_of[r] = h
+        n = len(hosts)
+        object.__setattr__(self, "hosts", hosts)
+        object.__setattr__(self, "_host_of", host_of)
+        object.__setattr__(
+            self, "nic_in_gbps", _per_host(self.nic_in_gbps or 10.0, n, "nic_in_gbps")
+        )
+        object.__setattr__(
+            self, "nic_out_gbps", _per_host(self.nic_out_gbps or 10.0, n, "nic_out_gbps")
+        )
+        nics = self.nics_per_host or (1,) * n
+        nics = tuple(
+            as_index(k, "nics_per_host") for k in ([nics] * n if isinstance(nics, int) else nics)
+        )
+        if len(nics) != n or 0 in nics:
+            raise ValueError(
+                f"nics_per_host must be a positive count per host, got {self.nics_per_host!r}"
+            )
+        object.__setattr__(self, "nics_per_host", nics)
+        for argument in ("intra_gbps", "latency_us"):
+            v = getattr(self, argument)
+            if not isinstance(v, (int, float)) or v < 0 or (argument == "intra_gbps" and v == 0):
+                raise ValueError(f"{argument} must be a positive number, got {v!r}")
+
+    # -- constructors -----------------------------------------------------------------------
+    @classmethod
+    def uniform(
+        cls,
+        num_hosts: int,
+        devices_per_host: int,
+        *,
+        nic_gbps: float = 10.0,
+        nics_per_host: int = 1,
+        intra_gbps: float = 800.0,
+        latency_us: float = 30.0,
+        first_rank: int = 0,
+        name: str = "",
+    ) -> Topology:
+        """``num_hosts`` hosts of ``devices_per_host`` consecutive ranks each."""
+        num_hosts = as_index(num_hosts, "num_hosts")
+        dph = as_index(devices_per_host, "devices_per_host")
+        if num_hosts == 0 or dph == 0:
+            raise ValueError("num_hosts and devices_per_host must be at least 1")
+        first = as_index(first_rank, "first_rank")
+        hosts = tuple(
+            tuple(range(first + h * dph, first + (h + 1) * dph)) for h in range(num_hosts)
+        )
+        return cls(
+            hosts,
+            (nic_gbps,) * num_hosts,
+            (nic_gbps,) * num_hosts,
+            (nics_per_host,) * num_hosts,
+            intra_gbps,
+            latency_us,
+            name,
+        )
+
+    @classmethod
+    def preset(cls, name: str, num_hosts: int, *, first_rank: int = 0) -> Topology:
+        """A named cluster: ``"p3.8xlarge"`` (the paper's) or ``"h100x8"`` (8 x 400 Gbit/s NICs)."""
+        if name not in PRESETS:
+            raise ValueError(f"topology preset {name!r} is unknown; known: {', '.join(PRESETS)}")
+        dph, nics, nic, intra, lat = PRESETS[name]
+        return cls.uniform(
+            num_hosts,
+            dph,
+            nic_gbps=nic,
+            nics_per_host=nics,
+            intra_gbps=intra,
+            latency_us=lat,
+            first_rank=first_rank,
+            name=name,
+        )
+
+    @classmethod
+    def from_host_map(cls, host_of: Mapping[int, Any], **kwargs: Any) -> Topology:
+        """From ``{rank: host label}``; hosts are numbered in order of their smallest rank."""
+        groups: dict[Any, list[int]] = {}
+        for r in sorted(host_of):
+            groups.setdefault(host_of[r], []).append(r)
+        return cls(tuple(tuple(g) for g in groups.values()), **kwargs)
+
+    @classmethod
+    def from_meshes(cls, *meshes: Mesh, **kwargs: Any) -> Topology:
+        """The paper's convention: the last axis of each mesh spans the devices of one host.
+
+        A rank in several meshes belongs to the host of the first mesh listing it.
+        """
+        hosts: list[tuple[int, ...]] = []
+        seen: set[int] = set()
+        for mesh in meshes:
+            rows = mesh.array.reshape(-1, mesh.shape[-1])
+            for row in rows:
+                new = tuple(int(r) for r in row if int(r) not in seen)
+                if new:
+                    hosts.append(new)
+                    seen.update(new)
+        return cls(tuple(hosts), **kwargs)
+
+    # -- queries ----------------------------------------------------------------------------
+    @property
+    def num_hosts(self) -> int:
+        """Number of hosts."""
+        return len(self.hosts)
+
+    @property
+    def ranks(self) -> list[int]:
+        """All ranks, sorted."""
+        return sorted(self._host_of)
+
+    def host_of(self, rank: int) -> int:
+        """Host index of ``rank``."""
+        try:
+            return self._host_of[rank]
+        except KeyError:
+            raise ValueError(f"rank {rank} is not in the topology") from None
+
+    def host_map(self, ranks: Iterable[int]) -> dict[int, int]:
+        """``{rank: host}`` for ``ranks``; every rank must be in the topology."""
+        return {r: self.host_of(r) for r in ranks}
+
+    def nic_of(self, rank: int) -> tuple[int, int]:
+        """(host, NIC index on that host) of ``rank``: devices fill the NICs in equal blocks."""
+        h = self.host_of(rank)
+        ranks = self.hosts[h]
+        per_nic = -(-len(ranks) // self.nics_per_host[h])
+        return h, ranks.index(rank) // per_nic
+
+    def covers(self, ranks: Iterable[int]) -> None:
+        """Raise ValueError naming the first rank missing from the topology."""
+        missing = [r for r in ranks if r not in self._host_of]
+        if missing:
+            raise ValueError(f"topology does not place ranks {missing[:8]} on any host")
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-data form."""
+        return {
+            "hosts": [list(h) for h in self.hosts],
+            "nic_in_gbps": list(self.nic_in_gbps),
+            "nic_out_gbps": list(self.nic_out_gbps),
+            "nics_per_host": list(self.nics_per_host),
+            "intra_gbps": self.intra_gbps,
+            "latency_us": self.latency_us,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Topology:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            tuple(tuple(h) for h in data["hosts"]),
+            tuple(data["nic_in_gbps"]),
+            tuple(data["nic_out_gbps"]),
+            tuple(data["nics_per_host"]),
+            data["intra_gbps"],
+            data["latency_us"],
+            data.get("name", ""),
+        )
