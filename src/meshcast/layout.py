@@ -130,6 +130,24 @@ class Layout:
         n = self._ndim if self._ndim is not None else (max(dims, default=-1) + 1)
         return "".join("S" + "".join(map(str, dims[d])) if d in dims else "R" for d in range(n))
 
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        """From the CLI notation ``SHAPE[@FIRST]:SPEC``, e.g. ``"2x4@8:RRS0"``: a 2x4 mesh of
+        consecutive ranks starting at 8, with layout ``RRS0``."""
+        mesh_text, sep, spec = text.partition(":")
+        shape_text, _, first = mesh_text.partition("@")
+        try:
+            shape = tuple(int(s) for s in shape_text.split("x"))
+            start = int(first) if first else 0
+        except ValueError:
+            shape, start = (), 0
+        if not sep or not shape or not spec:
+            raise ValueError(
+                f"layout {text!r} is not of the form SHAPE[@FIRST]:SPEC, e.g. '2x4:S0RR' or "
+                f"'2x4@8:RRS0'"
+            )
+        return cls(Mesh.from_range(start, shape), spec)
+
     # -- properties -------------------------------------------------------------------------
     @property
     def mesh(self) -> Mesh:

@@ -1,0 +1,56 @@
+"""The ``meshcast`` command line: ``meshcast plan``, ``meshcast demo``, ``meshcast bench ...``.
+
+Each command lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``;
+heavy imports (torch, matplotlib) happen inside ``run`` so that ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("meshcast.cli.plan_cmd", "plan a resharding and print its summary or JSON"),
+    "demo": ("meshcast.cli.demo", "the main job: run the paper's cases and print a comparison"),
+}
+
+# `meshcast bench NAME` -> (module, one-line help)
+BENCHES: dict[str, tuple[str, str]] = {
+    "plan-speed": ("meshcast.cli.bench_plan_speed", "time decomposition and planning"),
+}
+
+
+def _add(subparsers, name: str, module: str, help_text: str) -> None:
+    parser = subparsers.add_parser(name, help=help_text, description=help_text)
+    mod = importlib.import_module(module)
+    mod.add_arguments(parser)
+    parser.set_defaults(_run=mod.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser."""
+    parser = argparse.ArgumentParser(prog="meshcast", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        _add(sub, name, module, help_text)
+    bench = sub.add_parser("bench", help="benchmarks (timings live here, never in tests)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    for name, (module, help_text) in BENCHES.items():
+        _add(bench_sub, name, module, help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``meshcast`` script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, TypeError) as exc:
+        print(f"meshcast: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Every bad input raises ValueError/TypeError naming the argument and the rule."""
+
+import numpy as np
+import pytest
+
+import meshcast as mc
+
+MESH = mc.Mesh.from_range(0, (2, 4))
+
+
+def test_duplicate_ranks_in_mesh():
+    with pytest.raises(ValueError, match="devices must be distinct ranks; rank 1 appears"):
+        mc.Mesh([[0, 1], [1, 2]])
+
+
+@pytest.mark.parametrize("devices", [[], [[0.5, 1.0]], 3])
+def test_bad_mesh_devices(devices):
+    with pytest.raises((ValueError, TypeError), match="devices"):
+        mc.Mesh(devices)
+
+
+def test_negative_rank():
+    with pytest.raises(ValueError, match="non-negative"):
+        mc.Mesh([0, -1])
+
+
+def test_spec_length_differs_from_tensor_rank():
+    with pytest.raises(ValueError, match="3 tokens"):
+        mc.ReshardTask((4, 4), "float32", mc.Layout(MESH, "S0RR"), mc.Layout(MESH, "RR"))
+    with pytest.raises(ValueError, match="3 tokens"):
+        mc.Layout(MESH, "S0RR").box(0, (4, 4))
+
+
+def test_mesh_axis_used_twice():
+    with pytest.raises(ValueError, match="uses mesh axis 0 twice"):
+        mc.Layout(MESH, "S0S0R")
+    with pytest.raises(ValueError, match="uses mesh axis 1 twice"):
+        mc.Layout(MESH, "S11")
+
+
+def test_mesh_axis_out_of_range():
+    with pytest.raises(ValueError, match="uses mesh axis 2, but the mesh has 2 axes"):
+        mc.Layout(MESH, "S2R")
+
+
+def test_bad_spec_text():
+    with pytest.raises(ValueError, match="not a layout"):
+        mc.Layout(MESH, "S0X")
+    with pytest.raises(ValueError, match="placements but the mesh has 2 axes"):
+        mc.Layout(MESH, [mc.Shard(0)])
+    with pytest.raises(TypeError, match=r"spec\[1\] must be meshcast.Shard"):
+        mc.Layout(MESH, [mc.Shard(0), "R"])
+
+
+@pytest.mark.parametrize(
+    "shape, match",
+    [
+        ((4, -1), r"shape\[1\] must be non-negative"),
+        ((4, 2.5), r"shape\[1\] must be an integer"),
+        ((True, 2), r"shape\[0\] must be an integer"),
+        ("44", "shape must be a sequence of integers"),
+    ],
+)
+def test_bad_sizes(shape, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        mc.ReshardTask(shape, "float32", mc.Layout(MESH, "S0R"), mc.Layout(MESH, "RS1"))
+
+
+def test_bad_dtype():
+    with pytest.raises(ValueError, match="dtype='float7' is not a supported element type"):
+        mc.ReshardTask((4,), "float7", mc.Layout(MESH, "S0"), mc.Layout(MESH, "R"))
+
+
+def test_unknown_strategy_and_balance():
+    task = mc.ReshardTask((4,), "float32", mc.Layout(MESH, "S0"), mc.Layout(MESH, "R"))
+    with pytest.raises(ValueError, match="strategy='multicast' is unknown; choose one of"):
+        mc.plan(task, strategy="multicast")
+    with pytest.raises(ValueError, match="balance='fast' is unknown"):
+        mc.plan(task, balance="fast")
+
+
+def test_topology_missing_rank():
+    task = mc.ReshardTask((4,), "float32", mc.Layout(MESH, "S0"), mc.Layout(MESH, "R"))
+    with pytest.raises(ValueError, match="topology does not place ranks"):
+        mc.plan(task, mc.Topology.uniform(1, 4))
+
+
+def test_execute_local_bad_shards():
+    task = mc.ReshardTask((4, 6), "int32", mc.Layout(MESH, "S0R"), mc.Layout(MESH, "RS1"))
+    plan = mc.plan(task)
+    shards = mc.scatter(np.zeros((4, 6), np.int32), task.src)
+    missing = {r: a for r, a in shards.items() if r != 3}
+    with pytest.raises(ValueError, match="shards is missing rank 3"):
+        mc.execute_local(plan, missing)
+    with pytest.raises(ValueError, match=r"shards\[2\] has shape \(3, 6\), but layout"):
+        mc.execute_local(plan, {**shards, 2: np.zeros((3, 6), np.int32)})
+    with pytest.raises(ValueError, match=r"shards\[0\] has dtype float32, the plan moves int32"):
+        mc.execute_local(plan, {**shards, 0: shards[0].astype(np.float32)})
+    with pytest.raises(TypeError, match=r"shards\[0\] must be a numpy array"):
+        mc.execute_local(plan, {**shards, 0: shards[0].tolist()})

@@ -1,0 +1,82 @@
+"""Meshes and layouts: notation, placements, boxes with torch.chunk / DTensor semantics."""
+
+import numpy as np
+import pytest
+import torch
+
+import meshcast as mc
+
+
+def test_mesh_basics():
+    mesh = mc.Mesh([[0, 1, 2, 3], [4, 5, 6, 7]])
+    assert mesh.shape == (2, 4) and mesh.ndim == 2 and mesh.size == 8
+    assert mesh.devices == list(range(8))
+    assert mesh == mc.Mesh.from_range(0, (2, 4))
+    assert hash(mesh) == hash(mc.Mesh.from_range(0, (2, 4)))
+    assert mesh.coords(6) == (1, 2) and mesh.coords(9) is None
+    assert 5 in mesh and 8 not in mesh
+    assert mc.Mesh.from_range(8, (2, 4)).notation() == "2x4@8"
+    assert mc.Mesh([[3, 1]]).notation() == "1x2[3, 1]"
+
+
+def test_layout_notations_agree():
+    mesh = mc.Mesh.from_range(0, (2, 4))
+    a = mc.Layout(mesh, "S0RR")
+    assert a == mc.Layout(mesh, "S0,R,R") == mc.Layout(mesh, " S0, R, R ")
+    assert a.placements == (mc.Shard(0), mc.Replicate())
+    b = mc.Layout(mesh, [mc.Shard(0), mc.Replicate()])
+    assert b.spec == "S0" and b.ndim is None
+    for rank in mesh.devices:
+        assert a.box(rank, (10, 3, 3)) == b.box(rank, (10, 3, 3))
+    assert mc.Layout(mesh, "RS01R").placements == (mc.Shard(1), mc.Shard(1))
+    assert mc.Layout(mesh, "S10R").spec == "S10R"
+    assert mc.Layout.parse("2x4@8:RRS0") == mc.Layout(mc.Mesh.from_range(8, (2, 4)), "RRS0")
+
+
+def test_box_examples():
+    mesh = mc.Mesh.from_range(0, (2, 4))
+    layout = mc.Layout(mesh, "S0RR")
+    assert layout.box(5, (8, 3, 2)) == (slice(4, 8), slice(0, 3), slice(0, 2))
+    assert layout.box(99, (8, 3, 2)) is None
+    # S01: axis 0 major, so rank (1, 0) = rank 4 holds the fifth of eight chunks
+    assert mc.Layout(mesh, "S01").box(4, (16,)) == (slice(8, 10),)
+    # S10: axis 1 major
+    assert mc.Layout(mesh, "S10").box(4, (16,)) == (slice(2, 4),)
+
+
+def _torch_boxes(n, sizes):
+    """Nested torch.chunk, padded with empty chunks as DTensor does."""
+    pieces = [(0, n)]
+    for k in sizes:
+        nxt = []
+        for start, length in pieces:
+            chunks = list(torch.arange(length).chunk(k)) if length else []
+            offset = 0
+            for i in range(k):
+                size = len(chunks[i]) if i < len(chunks) else 0
+                nxt.append((start + offset, size))
+                offset += size
+        pieces = nxt
+    return [slice(s, s + size) for s, size in pieces]
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 5, 7, 10, 13])
+@pytest.mark.parametrize("spec", ["S0", "S1", "S01", "S10"])
+def test_uneven_boxes_follow_torch_chunk(n, spec):
+    mesh = mc.Mesh.from_range(0, (3, 4))
+    layout = mc.Layout(mesh, spec)
+    axes = [int(c) for c in spec[1:]]
+    expected = _torch_boxes(n, [mesh.shape[a] for a in axes])
+    for rank in mesh.devices:
+        coords = mesh.coords(rank)
+        flat = 0
+        for a in axes:
+            flat = flat * mesh.shape[a] + coords[a]
+        assert layout.box(rank, (n,)) == (expected[flat],)
+
+
+def test_tile_bounds_partition():
+    layout = mc.Layout(mc.Mesh.from_range(0, (2, 3)), "S10R")
+    for (starts, stops), n in zip(layout.tile_bounds((7, 4)), (7, 4)):
+        assert starts[0] == 0 and stops[-1] == n
+        assert np.array_equal(starts[1:], stops[:-1])
