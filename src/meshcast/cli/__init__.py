@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("meshcast.cli.plan_cmd", "plan a resharding and print its summary or JSON"),
     "demo": ("meshcast.cli.demo", "the main job: run the paper's cases and print a comparison"),
+    "cluster": ("meshcast.cli.cluster_cmd", "emulated multi-host cluster: up, down, status, exec"),
 }
 
 # `meshcast bench NAME` -> (module, one-line help)

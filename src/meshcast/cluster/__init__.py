@@ -1,0 +1,53 @@
+"""An emulated multi-host cluster on one machine (GitHub issue 5).
+
+One network namespace per emulated host, joined by a bridge in a namespace of its own, each host's
+link shaped with ``tc`` in both directions; processes of a host run inside its namespace::
+
+    from meshcast.cluster import Cluster, available, spawn_in_host
+
+    ok, reason = available()
+    with Cluster.up(2, nic_gbit=1.0) as cluster:
+        p = spawn_in_host(cluster, 1, ["python", "worker.py"], env)   # rank on host 1
+        topo = cluster.topology(devices_per_host=2)                    # a meshcast.Topology
+
+Needs root and iproute2; free of torch. See docs/cluster.md.
+"""
+
+from ._net import PREFIX, ClusterError
+from .cluster import (
+    DEFAULT_NAME,
+    IFACE,
+    INTRA_GBPS,
+    SUBNET,
+    Cluster,
+    ClusterWarning,
+    LinkShaping,
+    available,
+    down,
+    down_all,
+    list_clusters,
+    netem_available,
+)
+from .spawn import free_port, rank_env, spawn_in_host, start_job, wait_job
+
+__all__ = [
+    "DEFAULT_NAME",
+    "IFACE",
+    "INTRA_GBPS",
+    "PREFIX",
+    "SUBNET",
+    "Cluster",
+    "ClusterError",
+    "ClusterWarning",
+    "LinkShaping",
+    "available",
+    "down",
+    "down_all",
+    "free_port",
+    "list_clusters",
+    "netem_available",
+    "rank_env",
+    "spawn_in_host",
+    "start_job",
+    "wait_job",
+]
