@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # `meshcast bench NAME` -> (module, one-line help)
 BENCHES: dict[str, tuple[str, str]] = {
     "plan-speed": ("meshcast.cli.bench_plan_speed", "time decomposition and planning"),
+    "pipeline": ("meshcast.cli.bench_pipeline", "pipeline schedules: simulated step times"),
 }
 
 

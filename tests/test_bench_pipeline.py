@@ -1,0 +1,33 @@
+"""``meshcast bench pipeline``: the simulate mode runs; the real-run mode is a clear error."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshcast.cli import main
+from meshcast.cli.bench_pipeline import COLUMNS, step_times
+from meshcast.pipeline import chain_links
+
+
+def test_cluster_mode_is_a_clear_error(capsys) -> None:
+    assert main(["bench", "pipeline", "--cluster", "2"]) == 2
+    assert "pipeline runtime" in capsys.readouterr().err
+
+
+def test_a_mode_is_required() -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "pipeline"])
+
+
+def test_step_times_of_the_sweep() -> None:
+    free = step_times(4, 16, 1.0, 2.0, chain_links(4, 0.0))
+    assert set(free) == set(COLUMNS) and set(free.values()) == {57.0}
+    busy = step_times(4, 16, 1.0, 2.0, chain_links(4, 1.0))
+    assert busy[("eager_1f1b", True)] == 78.0 < busy[("1f1b", True)] == 88.0 < busy[("1f1b", False)]
+
+
+def test_simulate_mode_prints_both_tables(capsys) -> None:
+    pytest.importorskip("torch")
+    assert main(["bench", "pipeline", "--simulate", "--microbatches", "4", "--gbps", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "Sweep" in out and "GPT 4x4" in out and "U-Transformer 2x4" in out
