@@ -18,9 +18,12 @@ __all__ = ["BALANCES", "STRATEGIES", "plan"]
 STRATEGIES = ("send_recv", "allgather", "broadcast")
 """Communication strategies (PAPER.md sections 2-3)."""
 
-BALANCES = ("none", "size")
-"""How a sender is chosen among the holders of a slice: ``"none"`` takes the first holder (the
-paper's "Naive"); ``"size"`` the holder on the host that has sent the fewest bytes so far."""
+BALANCES = ("none", "size", "order", "auto")
+"""How senders (and order) are chosen among the holders of a slice: ``"none"`` takes the first
+holder (the paper's "Naive"); ``"size"`` the holder on the host that has sent the fewest bytes so
+far ("Load balance only"); ``"order"`` chooses senders and order jointly (the paper's "Ours":
+seeded greedy rounds plus a bounded search, :mod:`meshcast.balance`); ``"auto"`` is our method
+(LP senders, striping, per-slice strategy, list scheduling, checked by simulation)."""
 
 
 def _split(box: Box, k: int) -> tuple[Box, ...] | None:
@@ -65,18 +68,28 @@ class _SenderChooser:
 def plan(
     task: ReshardTask,
     topology: Topology | None = None,
-    strategy: str = "broadcast",
-    balance: str = "none",
+    strategy: str | None = None,
+    balance: str | None = None,
 ) -> Plan:
     """Plan ``task``: decompose it into unit slices and choose, for each, how it moves.
 
-    ``topology`` says which ranks share a host; without one, the last axis of each mesh is taken to
-    span one host (the paper's (hosts, devices) convention). ``strategy`` is one of
-    :data:`STRATEGIES`, ``balance`` one of :data:`BALANCES`.
+    ``topology`` says which ranks share a host and how fast they talk; without one, the last axis
+    of each mesh is taken to span one host (the paper's (hosts, devices) convention) with default
+    bandwidths. ``strategy`` is one of :data:`STRATEGIES`, ``balance`` one of :data:`BALANCES`.
+    With neither given, ``balance="auto"`` chooses per slice among the strategies and is never
+    slower in :func:`meshcast.simulate` than any fixed strategy x balance (plans of up to
+    :data:`meshcast.balance.AUTO_SIM_LIMIT` transfers). A strategy alone keeps the old default
+    ``balance="none"``; a balance alone uses ``strategy="broadcast"`` (``"auto"``: any).
     """
     if not isinstance(task, ReshardTask):
         raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
-    if strategy not in STRATEGIES:
+    if strategy is None and balance is None:
+        balance = "auto"
+    elif balance is None:
+        balance = "none"
+    if strategy is None and balance != "auto":
+        strategy = "broadcast"
+    if strategy is not None and strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")
     if balance not in BALANCES:
         raise ValueError(f"balance={balance!r} is unknown; choose one of {', '.join(BALANCES)}")
@@ -85,6 +98,15 @@ def plan(
     elif not isinstance(topology, Topology):
         raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
     topology.covers(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
+    if balance == "auto":
+        from .balance import auto_plan
+
+        return auto_plan(task, topology, strategy)
+    assert strategy is not None
+    if balance == "order":
+        from .balance import order_plan
+
+        return order_plan(task, topology, strategy)
 
     dec = task.decomposition
     itemsize = task.itemsize

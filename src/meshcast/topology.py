@@ -22,6 +22,7 @@ PRESETS: dict[str, tuple[int, int, float, float, float]] = {
     # A modern GPU node: 8 GPUs with NVLink/NVSwitch, 8 x 400 Gbit/s NICs (one per GPU).
     "h100x8": (8, 8, 400.0, 3600.0, 10.0),
 }
+PRESETS["modern"] = PRESETS["h100x8"]  # the issue's name for the modern node
 
 
 def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> tuple[float, ...]:
@@ -123,7 +124,8 @@ class Topology:
 
     @classmethod
     def preset(cls, name: str, num_hosts: int, *, first_rank: int = 0) -> Topology:
-        """A named cluster: ``"p3.8xlarge"`` (the paper's) or ``"h100x8"`` (8 x 400 Gbit/s NICs)."""
+        """A named cluster: ``"p3.8xlarge"`` (the paper's) or ``"h100x8"`` / ``"modern"`` (8 GPUs,
+        8 x 400 Gbit/s NICs)."""
         if name not in PRESETS:
             raise ValueError(f"topology preset {name!r} is unknown; known: {', '.join(PRESETS)}")
         dph, nics, nic, intra, lat = PRESETS[name]

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # `meshcast bench NAME` -> (module, one-line help)
 BENCHES: dict[str, tuple[str, str]] = {
     "plan-speed": ("meshcast.cli.bench_plan_speed", "time decomposition and planning"),
+    "planner": ("meshcast.cli.bench_planner", "plan quality: simulated time / lower bound"),
     "pipeline": ("meshcast.cli.bench_pipeline", "pipeline schedules: simulated step times"),
 }
 

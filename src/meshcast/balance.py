@@ -1,0 +1,775 @@
+"""Balance methods that choose senders *and* order: ``"order"`` (the paper's) and ``"auto"`` (ours).
+
+Both are pure functions of the task and the topology: randomness is seeded and every search is
+bounded by a count of nodes, never by the wall clock, so every rank computes the same plan.
+
+``"order"`` (PAPER.md section 3): randomised greedy rounds of host-disjoint transfers, senders
+drawn favouring lightly loaded hosts, best of ``ORDER_TRIALS`` seeded trials; for small instances
+a depth-first branch-and-bound search improves on the best trial. Cost model: a transfer starts
+when its sender host and all its receiver hosts are free and occupies them for size / bandwidth.
+
+``"auto"``: senders from the outbound LP of :mod:`meshcast.lower_bound` rounded slice by slice,
+optional striping (a slice held on several hosts or NICs is cut into parts sent by different
+senders), optional chunking, per-slice choice of broadcast or point-to-point, and list
+scheduling; several variants plus every fixed strategy x balance plan are simulated and the
+fastest is kept. See ``docs/scheduling.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from .layout import Box, box_size
+from .lower_bound import lower_bound_details
+from .plan import AllGather, Broadcast, Copy, Op, Plan, Send
+from .task import ReshardTask
+from .topology import Topology
+
+__all__ = [
+    "AUTO_SIM_LIMIT",
+    "ORDER_NODE_BUDGET",
+    "ORDER_TRIALS",
+    "SEARCH_MAX_JOBS",
+    "SEARCH_NODE_BUDGET",
+    "SEED",
+    "auto_plan",
+    "order_plan",
+]
+
+SEED = 20230501
+"""Seed of every random choice (the same plan everywhere)."""
+ORDER_TRIALS = 100
+"""Greedy-round trials of ``"order"`` (the paper's 100)."""
+ORDER_NODE_BUDGET = 60_000
+"""Job examinations the greedy rounds of ``"order"`` may spend over all trials."""
+SEARCH_NODE_BUDGET = 20_000
+"""Nodes of the depth-first branch-and-bound search of ``"order"``."""
+SEARCH_MAX_JOBS = 12
+"""The search runs when an instance has at most this many network transfers."""
+AUTO_SIM_LIMIT = 20_000
+"""Above this many unit-slice transfers ``"auto"`` builds one plan and simulates no candidate."""
+
+_GBIT = 1e9 / 8
+
+
+def split_box(box: Box, k: int) -> tuple[Box, ...] | None:
+    """``box`` cut into ``k`` non-empty parts along its longest dimension, or None if too small.
+
+    Part sizes follow ``numpy.array_split`` (the first parts one longer).
+    """
+    if not box:
+        return None
+    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
+    lo, hi = box[dim].start, box[dim].stop
+    n = hi - lo
+    if n < k:
+        return None
+    small, extra = divmod(n, k)
+    parts, start = [], lo
+    for i in range(k):
+        stop = start + small + (i < extra)
+        parts.append((*box[:dim], slice(start, stop), *box[dim + 1 :]))
+        start = stop
+    return tuple(parts)
+
+
+def _split_weighted(box: Box, weights: list[float]) -> list[Box | None]:
+    """``box`` cut along its longest dimension in proportion to ``weights`` (None: empty part)."""
+    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
+    lo, hi = box[dim].start, box[dim].stop
+    total = sum(weights)
+    cuts = [lo]
+    acc = 0.0
+    for w in weights[:-1]:
+        acc += w
+        cuts.append(lo + round((hi - lo) * acc / total))
+    cuts.append(hi)
+    return [
+        (*box[:dim], slice(a, b), *box[dim + 1 :]) if b > a else None
+        for a, b in itertools.pairwise(cuts)
+    ]
+
+
+class SliceInfo(NamedTuple):
+    """One unit slice as the planner sees it."""
+
+    index: int
+    box: Box
+    nbytes: int
+    holders: tuple[int, ...]
+    local: tuple[int, ...]  # receivers that hold it already (a Copy)
+    remote: tuple[int, ...]  # receivers that need it moved
+
+
+def iter_slices(task: ReshardTask) -> Iterator[SliceInfo]:
+    """The unit slices of ``task`` with their holders and receivers split into local / remote."""
+    dec = task.decomposition
+    itemsize = task.itemsize
+    cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    sizes = dec.sizes().tolist()
+    holders_of, receivers_of = dec.holders_of_tile, dec.receivers_of_tile
+    for i, (box, s, t) in enumerate(zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())):
+        split = cache.get((s, t))
+        if split is None:
+            holders = set(holders_of[s])
+            receivers = receivers_of[t]
+            split = (
+                tuple(r for r in receivers if r in holders),
+                tuple(r for r in receivers if r not in holders),
+            )
+            cache[(s, t)] = split
+        yield SliceInfo(i, box, sizes[i] * itemsize, holders_of[s], split[0], split[1])
+
+
+class _Job(NamedTuple):
+    box: Box
+    nbytes: int
+    holders: tuple[int, ...]
+    receivers: tuple[int, ...]
+    gather: int  # index of the AllGather this part feeds, or -1
+
+
+def _skeleton(task: ReshardTask, topology: Topology, strategy: str):
+    """Copies, network jobs (sender still open), all-gathers fed by jobs, fallbacks."""
+    host_of = topology._host_of
+    copies: list[Op] = []
+    jobs: list[_Job] = []
+    gathers: list[AllGather] = []
+    fallbacks: list[tuple[int, str]] = []
+    itemsize = task.itemsize
+    for sl in iter_slices(task):
+        copies.extend(Copy(r, sl.box) for r in sl.local)
+        if not sl.remote:
+            continue
+        if strategy == "broadcast":
+            jobs.append(_Job(sl.box, sl.nbytes, sl.holders, sl.remote, -1))
+        elif strategy == "send_recv":
+            jobs.extend(_Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in sl.remote)
+        else:
+            by_host: dict[int, list[int]] = {}
+            for r in sl.remote:
+                by_host.setdefault(host_of[r], []).append(r)
+            for h, group in by_host.items():
+                parts = split_box(sl.box, len(group)) if len(group) > 1 else None
+                if parts is None:
+                    fallbacks.append(
+                        (
+                            sl.index,
+                            f"one receiver on host {h}"
+                            if len(group) == 1
+                            else f"slice too small to split among {len(group)} receivers on "
+                            f"host {h}",
+                        )
+                    )
+                    jobs.extend(_Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in group)
+                    continue
+                g = len(gathers)
+                gathers.append(AllGather(tuple(group), sl.box, parts))
+                jobs.extend(
+                    _Job(p, box_size(p) * itemsize, sl.holders, (r,), g)
+                    for r, p in zip(group, parts)
+                )
+    return copies, jobs, gathers, fallbacks
+
+
+def _job_op(job: _Job, sender: int) -> Op:
+    if len(job.receivers) == 1:
+        return Send(sender, job.receivers[0], job.box)
+    return Broadcast(sender, job.receivers, job.box)
+
+
+# ---------------------------------------------------------------------------------------------
+# "order": the paper's joint choice of senders and order
+# ---------------------------------------------------------------------------------------------
+
+
+class _HostModel:
+    """The paper's cost model at host granularity (one NIC's bandwidth per host)."""
+
+    def __init__(self, topology: Topology, jobs: list[_Job]) -> None:
+        host_of = topology._host_of
+        out_bw = [g * _GBIT for g in topology.nic_out_gbps]
+        in_bw = [g * _GBIT for g in topology.nic_in_gbps]
+        intra = topology.intra_gbps * _GBIT
+        self.recv_hosts = [tuple(dict.fromkeys(host_of[r] for r in j.receivers)) for j in jobs]
+        self.cands = [tuple(dict.fromkeys(host_of[r] for r in j.holders)) for j in jobs]
+        self.dur: list[dict[int, float]] = []
+        self.local: list[int | None] = []  # the host that serves the job without its NIC
+        for j, rh, cands in zip(jobs, self.recv_hosts, self.cands):
+            d: dict[int, float] = {}
+            local = None
+            for h in cands:
+                others = [x for x in rh if x != h]
+                if not others:
+                    local = h
+                    d[h] = j.nbytes / intra
+                else:
+                    d[h] = j.nbytes / min(out_bw[h], *(in_bw[x] for x in others))
+            self.dur.append(d)
+            self.local.append(local)
+
+    def hosts(self, j: int, h: int) -> tuple[int, ...]:
+        rh = self.recv_hosts[j]
+        return rh if h in rh else (h, *rh)
+
+    def makespan(self, order: list[tuple[int, int]], num_hosts: int) -> float:
+        """List-schedule ``[(job, sender host), ...]`` in this order; return the makespan."""
+        free = [0.0] * num_hosts
+        end = 0.0
+        for j, h in order:
+            hs = self.hosts(j, h)
+            s = max(free[x] for x in hs)
+            e = s + self.dur[j][h]
+            for x in hs:
+                free[x] = e
+            end = max(end, e)
+        return end
+
+
+def _greedy_rounds(
+    model: _HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int
+) -> tuple[list[tuple[int, int]], int]:
+    """One randomised trial: rounds of host-disjoint transfers. Returns (order, nodes spent)."""
+    remaining = [net[i] for i in rng.permutation(len(net))]
+    load = [0.0] * num_hosts
+    order: list[tuple[int, int]] = []
+    nodes = 0
+    mean = (sum(min(model.dur[j].values()) for j in net) / len(net)) if net else 1.0
+    mean = mean or 1.0
+    while remaining:
+        busy: set[int] = set()
+        rest: list[int] = []
+        for pos, j in enumerate(remaining):
+            nodes += 1
+            if nodes > budget:  # out of budget: the rest in one pass, least-loaded sender
+                rest.extend(remaining[pos:])
+                for jj in rest:
+                    h = min(model.cands[jj], key=lambda x: (load[x], x))
+                    load[h] += model.dur[jj][h]
+                    order.append((jj, h))
+                return order, nodes
+            rh = model.recv_hosts[j]
+            if any(x in busy for x in rh):
+                rest.append(j)
+                continue
+            free = [h for h in model.cands[j] if h not in busy]
+            if not free:
+                rest.append(j)
+                continue
+            # favour light load: load scaled by a random factor in [1, 1.5)
+            noise = rng.random(len(free))
+            h = free[int(np.argmin([load[x] / mean * (1 + 0.5 * u) for x, u in zip(free, noise)]))]
+            busy.update(model.hosts(j, h))
+            load[h] += model.dur[j][h]
+            order.append((j, h))
+        remaining = rest
+    return order, nodes
+
+
+def _search(
+    model: _HostModel, net: list[int], num_hosts: int, incumbent: float, budget: int
+) -> list[tuple[int, int]] | None:
+    """Depth-first branch and bound over (next transfer, sender); None if nothing better."""
+    free = [0.0] * num_hosts
+    must = [0.0] * num_hosts  # work every remaining job puts on its receiver hosts
+    for j in net:
+        for x in model.recv_hosts[j]:
+            must[x] += min(model.dur[j].values())
+    best: list = [incumbent * (1 - 1e-9), None]
+    chosen: list[tuple[int, int]] = []
+    nodes = 0
+    lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
+
+    def dfs(todo: list[int], makespan: float) -> None:
+        nonlocal nodes
+        if nodes >= budget:
+            return
+        nodes += 1
+        if not todo:
+            if makespan < best[0]:
+                best[0], best[1] = makespan, list(chosen)
+            return
+        bound = max(makespan, *(free[x] + must[x] for x in range(num_hosts)))
+        if bound >= best[0]:
+            return
+        for k, j in enumerate(todo):
+            mind = min(model.dur[j].values())
+            rest = todo[:k] + todo[k + 1 :]
+            for h in sorted(model.cands[j], key=lambda x: (free[x], x)):
+                hs = model.hosts(j, h)
+                start = max(free[x] for x in hs)
+                end = start + model.dur[j][h]
+                saved = [free[x] for x in hs]
+                for x in hs:
+                    free[x] = end
+                for x in model.recv_hosts[j]:
+                    must[x] -= mind
+                chosen.append((j, h))
+                dfs(rest, max(makespan, end))
+                chosen.pop()
+                for x in model.recv_hosts[j]:
+                    must[x] += mind
+                for x, v in zip(hs, saved):
+                    free[x] = v
+                if nodes >= budget:
+                    return
+
+    dfs(lpt, 0.0)
+    return best[1]
+
+
+def _pick_rank(holders: tuple[int, ...], host: int, host_of: dict[int, int], load: dict) -> int:
+    on_host = [r for r in holders if host_of[r] == host]
+    r = min(on_host, key=lambda x: (load.get(x, 0), on_host.index(x)))
+    return r
+
+
+def order_plan(
+    task: ReshardTask,
+    topology: Topology,
+    strategy: str,
+    *,
+    seed: int = SEED,
+    trials: int = ORDER_TRIALS,
+    node_budget: int = ORDER_NODE_BUDGET,
+    search_budget: int = SEARCH_NODE_BUDGET,
+) -> Plan:
+    """The paper's ``loadbalance_order``: senders and order chosen jointly (see module doc)."""
+    copies, jobs, gathers, fallbacks = _skeleton(task, topology, strategy)
+    host_of = topology._host_of
+    n_hosts = topology.num_hosts
+    model = _HostModel(topology, jobs)
+    local = [j for j in range(len(jobs)) if model.local[j] is not None]
+    net = [j for j in range(len(jobs)) if model.local[j] is None]
+    best: list[tuple[int, int]] | None = None
+    best_key = (math.inf, math.inf)
+    spent = 0
+    for trial in range(max(1, trials)):
+        if trial and spent >= node_budget:
+            break
+        rng = np.random.default_rng([seed, trial])
+        order, nodes = _greedy_rounds(model, net, n_hosts, rng, max(1, node_budget - spent))
+        spent += nodes
+        load = [0.0] * n_hosts
+        for j, h in order:
+            load[h] += model.dur[j][h]
+        key = (model.makespan(order, n_hosts), max(load) - min(load))
+        if key < best_key:
+            best, best_key = order, key
+    assert best is not None
+    if 0 < len(net) <= SEARCH_MAX_JOBS:
+        found = _search(model, net, n_hosts, best_key[0], search_budget)
+        if found is not None:
+            best = found
+    # the final order: local jobs, then network jobs by their start in the host model
+    free = [0.0] * n_hosts
+    timed: list[tuple[float, int, int, int]] = []
+    for pos, (j, h) in enumerate(best):
+        hs = model.hosts(j, h)
+        s = max(free[x] for x in hs)
+        for x in hs:
+            free[x] = s + model.dur[j][h]
+        timed.append((s, pos, j, h))
+    timed.sort()
+    rank_load: dict[int, int] = {}
+    ops: list[Op] = list(copies)
+    sequence = [(j, model.local[j]) for j in local] + [(j, h) for _, _, j, h in timed]
+    left = [len(g.group) for g in gathers]
+    for j, h in sequence:
+        job = jobs[j]
+        r = _pick_rank(job.holders, h, host_of, rank_load)
+        rank_load[r] = rank_load.get(r, 0) + job.nbytes
+        ops.append(_job_op(job, r))
+        if job.gather >= 0:
+            left[job.gather] -= 1
+            if not left[job.gather]:
+                ops.append(gathers[job.gather])
+    return Plan(task, tuple(ops), strategy, "order", topology, tuple(fallbacks))
+
+
+# ---------------------------------------------------------------------------------------------
+# "auto": ours
+# ---------------------------------------------------------------------------------------------
+
+
+class _Nets:
+    """Per-rank NIC ids and per-NIC bandwidth (bytes/s); NIC load in seconds."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.host_of = topology._host_of
+        self.nic: dict[int, int] = {}
+        self.out_bw: list[float] = []
+        self.in_bw: list[float] = []
+        g = 0
+        for h, ranks in enumerate(topology.hosts):
+            k = topology.nics_per_host[h]
+            per_nic = -(-len(ranks) // k)
+            for j, r in enumerate(ranks):
+                self.nic[r] = g + j // per_nic
+            self.out_bw += [topology.nic_out_gbps[h] * _GBIT] * k
+            self.in_bw += [topology.nic_in_gbps[h] * _GBIT] * k
+            g += k
+        self.out_load = [0.0] * g
+        self.in_load = [0.0] * g
+        self.rank_load: dict[int, float] = {}
+        self.lat = topology.latency_us * 1e-6
+        self.intra = topology.intra_gbps * _GBIT
+
+
+class _Item(NamedTuple):
+    """An op with what list scheduling needs: its ranks, NIC resources and estimated duration."""
+
+    op: Op
+    ranks: tuple[int, ...]
+    nics: tuple[int, ...]  # 2*nic for outbound, 2*nic+1 for inbound
+    dur: float
+    order: int
+
+
+def _bcast_item(nets: _Nets, sender: int, dsts: list[int], box: Box, nbytes: int, order: int,
+                charge: bool = True) -> _Item:
+    """A broadcast (or a send) from ``sender``: pick a leader per host, charge NIC loads."""
+    host_of, nic = nets.host_of, nets.nic
+    src_host = host_of[sender]
+    groups: dict[int, list[int]] = {src_host: []}
+    for r in dsts:
+        groups.setdefault(host_of[r], []).append(r)
+    ordered: list[int] = list(groups.pop(src_host))
+    chain_nics: list[int] = []
+    rates: list[float] = []
+    prev = sender
+    fan = bool(ordered)
+    for members in groups.values():
+        lead = min(members, key=lambda r: (nets.in_load[nic[r]], members.index(r)))
+        ordered.append(lead)
+        ordered.extend(r for r in members if r != lead)
+        fan = fan or len(members) > 1
+        chain_nics += [2 * nic[prev], 2 * nic[lead] + 1]
+        rates += [nets.out_bw[nic[prev]], nets.in_bw[nic[lead]]]
+        prev = lead
+    if fan:
+        rates.append(nets.intra)
+    dur = nets.lat + nbytes / min(rates or [nets.intra])
+    if charge:
+        for k, rate in zip(chain_nics, rates):
+            if k & 1:
+                nets.in_load[k >> 1] += nbytes / rate
+            else:
+                nets.out_load[k >> 1] += nbytes / rate
+        for r in (sender, *ordered):
+            nets.rank_load[r] = nets.rank_load.get(r, 0.0) + nbytes
+    op: Op = (
+        Send(sender, ordered[0], box)
+        if len(ordered) == 1
+        else Broadcast(sender, tuple(ordered), box)
+    )
+    return _Item(op, (sender, *ordered), tuple(dict.fromkeys(chain_nics)), dur, order)
+
+
+def _own_items(
+    task: ReshardTask,
+    topology: Topology,
+    slices: list[SliceInfo],
+    lbd,
+    *,
+    stripe: bool,
+    chunk: bool,
+    p2p: bool,
+) -> tuple[list[_Item], bool]:
+    """Senders and collectives for every slice (our method). Returns (items, used p2p)."""
+    nets = _Nets(topology)
+    host_of, nic = nets.host_of, nets.nic
+    quota: dict[tuple[int, ...], dict[int, float]] = {
+        g: {h: f * b for h, f in zip(g, fr)}
+        for g, b, fr in zip(lbd.groups, lbd.group_bytes, lbd.fractions)
+    }
+    total_out = sum(lbd.group_bytes)
+    n_src_nics = len({nic[r] for sl in slices for r in sl.holders}) or 1
+    fair_share = total_out / n_src_nics
+    min_bw = min(nets.out_bw + nets.in_bw)
+    lb_s = max(lbd.inbound_s, lbd.outbound_s)
+    chunk_bytes = max(64 * nets.lat * min_bw, lb_s * min_bw / 8, 1.0)
+    items: list[_Item] = []
+    used_p2p = False
+    seq = 0
+    for sl in sorted(slices, key=lambda s: (-s.nbytes, s.index)):
+        seq = sl.index * 64
+        for r in sl.local:
+            items.append(_Item(Copy(r, sl.box), (r,), (), sl.nbytes / nets.intra, seq))
+        if not sl.remote:
+            continue
+        holder_hosts = tuple(dict.fromkeys(host_of[r] for r in sl.holders))
+        held = set(holder_hosts)
+        foreign = [r for r in sl.remote if host_of[r] not in held]
+        if not foreign:  # every receiver sits on a host that holds the slice: intra-host only
+            by_host: dict[int, list[int]] = {}
+            for r in sl.remote:
+                by_host.setdefault(host_of[r], []).append(r)
+            for h, group in by_host.items():
+                snd = _least(sl.holders, h, nets)
+                items.append(_bcast_item(nets, snd, group, sl.box, sl.nbytes, seq))
+            continue
+        q = quota.get(tuple(sorted(holder_hosts)), {})
+        # senders: stripe over holder NICs, or one host by LP quota
+        units: list[tuple[int, float]] = []  # (sender rank, weight)
+        if stripe and sl.nbytes > fair_share / 4 and (len(holder_hosts) > 1 or len(
+            {nic[r] for r in sl.holders}
+        ) > 1):
+            weights = {h: max(q.get(h, 0.0), 0.0) for h in holder_hosts}
+            if sum(weights.values()) <= 0:
+                weights = {h: 1.0 for h in holder_hosts}
+            for h, w in weights.items():
+                if w <= sum(weights.values()) / 16:
+                    continue
+                nics_h = list(dict.fromkeys(nic[r] for r in sl.holders if host_of[r] == h))
+                for k in nics_h:
+                    ranks_k = [r for r in sl.holders if nic[r] == k]
+                    snd = min(ranks_k, key=lambda r: (nets.rank_load.get(r, 0.0), ranks_k.index(r)))
+                    units.append((snd, w / len(nics_h)))
+        if len(units) < 2:
+            h = max(holder_hosts, key=lambda x: (q.get(x, 0.0), -_host_out(nets, x, topology), -x))
+            units = [(_least(sl.holders, h, nets), 1.0)]
+        parts: list[tuple[int, Box]] = []
+        if len(units) > 1:
+            boxes = _split_weighted(sl.box, [w for _, w in units])
+            parts = [(s, b) for (s, _), b in zip(units, boxes) if b is not None]
+        else:
+            parts = [(units[0][0], sl.box)]
+        itemsize = task.itemsize
+        for snd, box in parts:
+            nbytes = box_size(box) * itemsize
+            h = host_of[snd]
+            q[h] = q.get(h, 0.0) - nbytes
+            dsts = [r for r in sl.remote if host_of[r] == h] + foreign
+            others = [r for r in sl.remote if host_of[r] != h and r not in foreign]
+            # point-to-point when cheaper: tiny slices to few receivers
+            if p2p and len(dsts) > 1:
+                bw = nets.out_bw[nic[snd]]
+                bcast = nets.lat + nbytes / bw
+                sends = nets.lat * len(dsts) + len(dsts) * nbytes / bw
+                if sends < bcast:
+                    used_p2p = True
+                    for r in dsts:
+                        items.append(_bcast_item(nets, snd, [r], box, nbytes, seq))
+                        seq += 1
+                    dsts = []
+            pieces = [box]
+            if chunk and dsts and nbytes > 2 * chunk_bytes:
+                k = min(16, math.ceil(nbytes / chunk_bytes))
+                pieces = list(split_box(box, k) or [box])
+            for piece in pieces:
+                if dsts:
+                    pb = box_size(piece) * itemsize
+                    items.append(_bcast_item(nets, snd, dsts, piece, pb, seq))
+                    seq += 1
+            if others:  # receivers on other holder hosts: from a holder on their own host
+                by_host = {}
+                for r in others:
+                    by_host.setdefault(host_of[r], []).append(r)
+                for hh, group in by_host.items():
+                    items.append(
+                        _bcast_item(nets, _least(sl.holders, hh, nets), group, box, nbytes, seq)
+                    )
+                    seq += 1
+    return items, used_p2p
+
+
+def _host_out(nets: _Nets, h: int, topology: Topology) -> float:
+    first = sum(topology.nics_per_host[:h])
+    return sum(nets.out_load[first : first + topology.nics_per_host[h]])
+
+
+def _least(holders: tuple[int, ...], host: int, nets: _Nets) -> int:
+    """The holder on ``host`` whose NIC and rank have sent the least."""
+    on = [r for r in holders if nets.host_of[r] == host]
+    return min(
+        on, key=lambda r: (nets.out_load[nets.nic[r]], nets.rank_load.get(r, 0.0), on.index(r))
+    )
+
+
+def _list_schedule(items: list[_Item], priority: str) -> list[Op]:
+    """Place items greedily (each at the time all its ranks and NICs are free) in priority
+    order; the plan lists them by that start time.
+
+    ``priority="slots"``: colour the items instead: largest first, each into the first round in
+    which none of its ranks is busy (rounds are bit masks per rank), so every round keeps as many
+    ranks busy at once as possible; the plan lists the rounds in turn.
+    """
+    if priority == "slots":
+        used: dict[int, int] = {}
+        slot = [0] * len(items)
+        for i in sorted(range(len(items)), key=lambda i: (-items[i].dur, items[i].order)):
+            u = 0
+            for r in items[i].ranks:
+                u |= used.get(r, 0)
+            k = (~u & (u + 1)).bit_length() - 1
+            bit = 1 << k
+            for r in items[i].ranks:
+                used[r] = used.get(r, 0) | bit
+            slot[i] = k
+        return [
+            items[i].op
+            for i in sorted(
+                range(len(items)), key=lambda i: (slot[i], -items[i].dur, items[i].order)
+            )
+        ]
+    if priority == "lpt":
+        keys = sorted(range(len(items)), key=lambda i: (-items[i].dur, items[i].order))
+    else:  # "load": items on the most loaded NIC first
+        load: dict[int, float] = {}
+        for it in items:
+            for k in it.nics:
+                load[k] = load.get(k, 0.0) + it.dur
+        keys = sorted(
+            range(len(items)),
+            key=lambda i: (-max((load[k] for k in items[i].nics), default=0.0), -items[i].dur,
+                           items[i].order),
+        )
+    free_rank: dict[int, float] = {}
+    free_nic: dict[int, float] = {}
+    start = [0.0] * len(items)
+    for i in keys:
+        it = items[i]
+        s = 0.0
+        for r in it.ranks:
+            v = free_rank.get(r, 0.0)
+            if v > s:
+                s = v
+        for k in it.nics:
+            v = free_nic.get(k, 0.0)
+            if v > s:
+                s = v
+        e = s + it.dur
+        for r in it.ranks:
+            free_rank[r] = e
+        for k in it.nics:
+            free_nic[k] = e
+        start[i] = s
+    rank_of = {i: pos for pos, i in enumerate(keys)}
+    return [items[i].op for i in sorted(range(len(items)), key=lambda i: (start[i], rank_of[i]))]
+
+
+_OWN_VARIANTS: tuple[tuple[bool, bool, str], ...] = (
+    (True, False, "slots"),
+    (True, True, "slots"),
+    (False, False, "slots"),
+    (True, False, "load"),
+    (True, True, "load"),
+    (False, False, "load"),
+    (True, False, "lpt"),
+    (True, True, "lpt"),
+    (False, False, "lpt"),
+)
+"""(stripe, chunk, priority) of the plans of our own method that ``"auto"`` tries."""
+
+
+def _ops_key(ops: tuple[Op, ...]) -> tuple:
+    """A hashable form of an op list (slices are not hashable before Python 3.12)."""
+    return tuple(
+        (op.kind, op.ranks(), tuple((b.start, b.stop) for b in op.box)) for op in ops
+    )
+
+
+def _large_plan(task: ReshardTask, topology: Topology) -> Plan:
+    """``"auto"`` above :data:`AUTO_SIM_LIMIT` transfers: one broadcast per slice, senders in
+    turn among the holders of each source tile (vectorised), ordered in rank-disjoint rounds."""
+    dec = task.decomposition
+    n = len(dec)
+    src_t = dec.src_tile
+    by_tile = np.argsort(src_t, kind="stable")
+    first = np.searchsorted(src_t[by_tile], src_t[by_tile], side="left")
+    pos = np.empty(n, dtype=np.int64)
+    pos[by_tile] = np.arange(n) - first
+    n_holders = np.array([len(h) for h in dec.holders_of_tile], dtype=np.int64)
+    pick = (pos % n_holders[src_t]).tolist()
+    sizes = dec.sizes()
+    holders_of, receivers_of = dec.holders_of_tile, dec.receivers_of_tile
+    cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    copies: list[Op] = []
+    ops: list[Op] = []
+    slot: list[int] = []
+    used: dict[int, int] = {}
+    keep: list[int] = []
+    for i, (box, s, t, k) in enumerate(
+        zip(dec.boxes(), src_t.tolist(), dec.dst_tile.tolist(), pick)
+    ):
+        split = cache.get((s, t))
+        if split is None:
+            held = set(holders_of[s])
+            split = (
+                tuple(r for r in receivers_of[t] if r in held),
+                tuple(r for r in receivers_of[t] if r not in held),
+            )
+            cache[(s, t)] = split
+        local, remote = split
+        for r in local:
+            copies.append(Copy(r, box))
+        if not remote:
+            continue
+        sender = holders_of[s][k]
+        if len(remote) == 1:
+            ops.append(Send(sender, remote[0], box))
+            u = used.get(sender, 0) | used.get(remote[0], 0)
+            b = ~u & (u + 1)
+            used[sender] = used.get(sender, 0) | b
+            used[remote[0]] = used.get(remote[0], 0) | b
+        else:
+            ops.append(Broadcast(sender, remote, box))
+            u = used.get(sender, 0)
+            for r in remote:
+                u |= used.get(r, 0)
+            b = ~u & (u + 1)
+            for r in (sender, *remote):
+                used[r] = used.get(r, 0) | b
+        slot.append(b.bit_length())
+        keep.append(i)
+    order = np.lexsort((np.arange(len(ops)), -sizes[keep] if keep else [], slot)).tolist()
+    return Plan(task, (*copies, *(ops[j] for j in order)), "broadcast", "auto", topology)
+
+
+def auto_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Plan:
+    """Our method (see module doc). ``strategy=None``: choose per slice among the strategies;
+    a given strategy restricts the candidates to it."""
+    from .planner import STRATEGIES, plan
+    from .simulate import simulate
+
+    dec = task.decomposition
+    if strategy in (None, "broadcast") and len(dec) > AUTO_SIM_LIMIT:
+        return _large_plan(task, topology)
+    slices = list(iter_slices(task))
+    transfers = sum(len(s.remote) for s in slices)
+    lbd = lower_bound_details(task, topology)
+    candidates: list[tuple[str, str, tuple[Op, ...], tuple]] = []
+    if strategy in (None, "broadcast"):
+        variants = _OWN_VARIANTS if transfers <= AUTO_SIM_LIMIT else _OWN_VARIANTS[:1]
+        for stripe, chunk, priority in variants:
+            items, used_p2p = _own_items(
+                task, topology, slices, lbd, stripe=stripe, chunk=chunk, p2p=strategy is None
+            )
+            label = "auto" if used_p2p else "broadcast"
+            candidates.append((label, "own", tuple(_list_schedule(items, priority)), ()))
+    if transfers <= AUTO_SIM_LIMIT or not candidates:
+        for s in STRATEGIES if strategy is None else (strategy,):
+            for b in ("none", "size", "order"):
+                p = plan(task, topology, strategy=s, balance=b)
+                candidates.append((s, b, p.ops, p.fallbacks))
+    if len(candidates) == 1:
+        label, _, ops, fallbacks = candidates[0]
+        return Plan(task, ops, label, "auto", topology, fallbacks)
+    seen: dict[tuple, float] = {}
+    best = None
+    for pos, (label, _, ops, fallbacks) in enumerate(candidates):
+        key = _ops_key(ops)
+        t = seen.get(key)
+        if t is None:
+            t = simulate(Plan(task, ops, label, "auto", topology, fallbacks), topology).time_s
+            seen[key] = t
+        if best is None or t < best[0]:
+            best = (t, pos)
+    label, _, ops, fallbacks = candidates[best[1]]
+    return Plan(task, ops, label, "auto", topology, fallbacks)

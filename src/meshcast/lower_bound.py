@@ -1,0 +1,203 @@
+"""The physical limit of one resharding task on a topology (PAPER.md section 6).
+
+* Inbound: every unit slice that some device of host h needs and no device of h holds must enter
+  h at least once: ``time >= in_bytes(h) / B_in(h)`` (``B_in`` = all NICs of h together).
+* Outbound: every such slice must leave at least one of its holder hosts. The best split of each
+  slice's bytes among its holder hosts is a small linear programme (solved with scipy's HiGHS):
+  minimise T subject to ``sum of bytes host h sends <= T * B_out(h)``.
+* Nothing moves before the first operation has paid its start-up latency, so the bound adds
+  ``latency_us`` once when any byte must cross hosts.
+* Per rank (latency): an operation carries data of one unit slice at most (its box lies in one
+  source shard and in the destination shard of every receiver), and a rank runs its operations one
+  after another, each paying ``latency_us``. So a receiver needing n unit slices it does not hold
+  takes at least ``n * latency + bytes / fastest link``. On the sending side, the k holders of a
+  source tile (they hold no other tile) must run at least one operation per slice of it that
+  must move, so one of them runs ``ceil(n / k)``. This term matters for small tensors cut into
+  many small slices.
+
+The bound holds for every plan the simulator can run; ``efficiency = lower_bound / time``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .task import ReshardTask
+from .topology import Topology
+
+__all__ = ["LowerBound", "lower_bound", "lower_bound_details"]
+
+_GBIT = 1e9 / 8
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """The parts of the bound. ``groups[g]`` is a tuple of holder hosts; ``group_bytes[g]`` the
+    bytes of the slices held on exactly those hosts that must leave them; ``fractions[g][k]`` the
+    share of ``group_bytes[g]`` host ``groups[g][k]`` sends in the LP optimum."""
+
+    seconds: float
+    inbound_s: float
+    outbound_s: float
+    latency_s: float
+    rank_s: float
+    host_in_bytes: np.ndarray
+    groups: tuple[tuple[int, ...], ...]
+    group_bytes: tuple[int, ...]
+    fractions: tuple[tuple[float, ...], ...]
+
+
+def _host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts: int) -> np.ndarray:
+    out = np.zeros((len(tiles), n_hosts), dtype=bool)
+    for t, ranks in enumerate(tiles):
+        for r in ranks:
+            out[t, host_of[r]] = True
+    return out
+
+
+def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> LowerBound:
+    """The lower bound with its parts (see :class:`LowerBound`)."""
+    if not isinstance(task, ReshardTask):
+        raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
+    if topology is None:
+        topology = Topology.from_meshes(task.src.mesh, task.dst.mesh)
+    elif not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
+    topology.covers(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
+    dec = task.decomposition
+    n_hosts = topology.num_hosts
+    host_of = topology._host_of
+    held = _host_matrix(dec.holders_of_tile, host_of, n_hosts)
+    wanted = _host_matrix(dec.receivers_of_tile, host_of, n_hosts)
+    n_dst = len(dec.receivers_of_tile)
+    pair = dec.src_tile * n_dst + dec.dst_tile
+    pairs, inverse = np.unique(pair, return_inverse=True)
+    nbytes = np.bincount(inverse, weights=dec.sizes().astype(np.float64)) * task.itemsize
+    s, t = pairs // n_dst, pairs % n_dst
+    need = wanted[t] & ~held[s]  # pair x host: must enter that host
+    host_in = (need * nbytes[:, None]).sum(axis=0)
+    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * _GBIT
+    b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * _GBIT
+    inbound = float((host_in / b_in).max()) if n_hosts else 0.0
+    # outbound: bytes of each source tile that must leave, grouped by holder-host set
+    leave = np.bincount(s, weights=np.where(need.any(axis=1), nbytes, 0.0), minlength=len(held))
+    keys, group_of = np.unique(held, axis=0, return_inverse=True)
+    group_bytes = np.bincount(group_of.ravel(), weights=leave, minlength=len(keys))
+    groups = [tuple(np.flatnonzero(k).tolist()) for k in keys]
+    keep = [g for g in range(len(groups)) if group_bytes[g] > 0]
+    outbound, fractions = _outbound_lp([groups[g] for g in keep], group_bytes[keep], b_out)
+    latency = topology.latency_us * 1e-6 if (inbound > 0 or outbound > 0) else 0.0
+    rank = _rank_bound(task, topology, s, t, nbytes)
+    return LowerBound(
+        seconds=max(max(inbound, outbound) * (1 - 1e-9) + latency, rank * (1 - 1e-9)),
+        inbound_s=inbound,
+        outbound_s=outbound,
+        latency_s=latency,
+        rank_s=rank,
+        host_in_bytes=host_in,
+        groups=tuple(groups[g] for g in keep),
+        group_bytes=tuple(round(float(group_bytes[g])) for g in keep),
+        fractions=fractions,
+    )
+
+
+def _rank_matrix(tiles: list[tuple[int, ...]], index: dict[int, int]) -> np.ndarray:
+    out = np.zeros((len(tiles), len(index)))
+    for t, ranks in enumerate(tiles):
+        for r in ranks:
+            out[t, index[r]] = 1.0
+    return out
+
+
+def _rank_bound(
+    task: ReshardTask, topology: Topology, s: np.ndarray, t: np.ndarray, nbytes: np.ndarray
+) -> float:
+    """The per-rank latency bound (module doc); ``s, t, nbytes``: unit slices by tile pair."""
+    lat = topology.latency_us * 1e-6
+    dec = task.decomposition
+    ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
+    index = {r: i for i, r in enumerate(ranks)}
+    held = _rank_matrix(dec.holders_of_tile, index)  # src tile x rank
+    wanted = _rank_matrix(dec.receivers_of_tile, index)  # dst tile x rank
+    count = np.zeros((len(held), len(wanted)))
+    weight = np.zeros_like(count)
+    count[s, t] = 1.0
+    weight[s, t] = nbytes
+    # receivers: slices wanted and not held
+    n_recv = (count.sum(axis=0) @ wanted) - ((count @ wanted) * held).sum(axis=0)
+    b_recv = (weight.sum(axis=0) @ wanted) - ((weight @ wanted) * held).sum(axis=0)
+    # senders: every slice some receiver lacks needs an operation from one of its holders, and
+    # the holders of one source tile hold no other tile: ceil(slices / holders) ops for one of them
+    overlap = held @ wanted.T  # src tile x dst tile: receivers that hold it already
+    lacks = wanted.sum(axis=1)[t] - overlap[s, t] > 0  # per pair: some receiver lacks it
+    n_tile = np.bincount(s[lacks], minlength=len(held)).astype(float)
+    b_tile = np.bincount(s[lacks], weights=nbytes[lacks], minlength=len(held))
+    holders = np.maximum(held.sum(axis=1), 1.0)
+    n_send = np.ceil(n_tile / holders)
+    b_send = b_tile / holders
+    fastest = max(
+        topology.intra_gbps,
+        *(g * k for g, k in zip(topology.nic_in_gbps, topology.nics_per_host)),
+        *(g * k for g, k in zip(topology.nic_out_gbps, topology.nics_per_host)),
+    ) * _GBIT
+    per_rank = n_recv * lat + b_recv / fastest
+    per_tile = n_send * lat + b_send / fastest
+    return float(max(per_rank.max(initial=0.0), per_tile.max(initial=0.0)))
+
+
+def _outbound_lp(
+    groups: list[tuple[int, ...]], group_bytes: np.ndarray, b_out: np.ndarray
+) -> tuple[float, tuple[tuple[float, ...], ...]]:
+    """min T s.t. each group's bytes are split among its hosts, each host's share <= T*B_out."""
+    if not groups:
+        return 0.0, ()
+    if all(len(g) == 1 for g in groups):
+        load = np.zeros(len(b_out))
+        for g, b in zip(groups, group_bytes):
+            load[g[0]] += b
+        return float((load / b_out).max()), tuple((1.0,) for _ in groups)
+    from scipy.optimize import linprog
+
+    # variables: y[g, k] (seconds of host groups[g][k]'s outbound time spent on group g), then T
+    scale = float(max(group_bytes.max(), 1.0))
+    cols = [(g, h) for g, hosts in enumerate(groups) for h in hosts]
+    n = len(cols) + 1
+    hosts_used = sorted({h for g in groups for h in g})
+    row_of = {h: i for i, h in enumerate(hosts_used)}
+    a_ub = np.zeros((len(hosts_used), n))
+    a_eq = np.zeros((len(groups), n))
+    for j, (g, h) in enumerate(cols):
+        a_ub[row_of[h], j] = 1.0  # seconds host h sends
+        a_eq[g, j] = b_out[h] / scale  # bytes (scaled) those seconds move
+    a_ub[:, -1] = -1.0
+    c = np.zeros(n)
+    c[-1] = 1.0
+    res = linprog(
+        c,
+        A_ub=a_ub,
+        b_ub=np.zeros(len(hosts_used)),
+        A_eq=a_eq,
+        b_eq=group_bytes / scale,
+        bounds=[(0, None)] * n,
+        method="highs",
+    )
+    if not res.success:  # pragma: no cover - the LP is always feasible and bounded
+        raise RuntimeError(f"outbound lower-bound LP failed: {res.message}")
+    x = res.x
+    fractions: list[tuple[float, ...]] = []
+    j = 0
+    for hosts in groups:
+        moved = [x[j + k] * b_out[h] / scale for k, h in enumerate(hosts)]
+        j += len(hosts)
+        total = sum(moved) or 1.0
+        fractions.append(tuple(m / total for m in moved))
+    # the LP optimum up to solver tolerance; never above what an exact split could reach
+    return float(max(x[-1], 0.0)) * (1 - 1e-7), tuple(fractions)
+
+
+def lower_bound(task: ReshardTask, topology: Topology | None = None) -> float:
+    """Seconds below which no plan of ``task`` can run on ``topology``: the larger of the inbound
+    and the outbound bound of PAPER.md section 6, plus one operation latency."""
+    return lower_bound_details(task, topology).seconds

@@ -1,0 +1,351 @@
+"""A discrete-event simulator of how the runtime executes a plan on a topology.
+
+The model (see ``docs/scheduling.md``):
+
+* Every rank runs its operations in plan order; an operation starts as soon as each of its ranks
+  has finished its previous operation (operations that share no rank run concurrently).
+* An operation first pays a start-up latency (``latency_us``, once per operation: a broadcast's
+  chain is pipelined in chunks), then moves its bytes.
+* A transfer that crosses hosts loads NICs: a ``Send`` the sender's outbound NIC and the
+  receiver's inbound NIC; a ``Broadcast`` follows :func:`meshcast.plan.broadcast_chain`: the
+  sender's outbound NIC, the inbound NIC of each receiving host's leader once, and the outbound NIC
+  of every leader that forwards to the next host. The chain is pipelined, so the whole broadcast
+  moves at the rate of its slowest link.
+* NICs are shared max-min fairly between the transfers that load them: a NIC carrying k
+  transfers gives each 1/k of its bandwidth unless some are held back elsewhere, whose unused
+  share goes to the others. (On each event the rates of the transfers sharing a NIC with the one
+  that started or ended are water-filled; the rest keep theirs.) Hops inside a host (fan-out,
+  ``AllGather``, a ``Send`` between ranks of one host, a ``Copy``) are capped at ``intra_gbps``
+  and not shared.
+
+The loop is event driven: an event (start, end of latency, end of transfer) only revisits the
+transfers that share a NIC with the one that changed, so 100,000 operations take seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .layout import box_size
+from .plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
+from .topology import Topology
+
+__all__ = ["SimReport", "simulate"]
+
+_GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+
+
+@dataclass(frozen=True)
+class SimReport:
+    """What :func:`simulate` found.
+
+    ``start_s[i]`` / ``end_s[i]``: when operation ``i`` of the plan started (its ranks free) and
+    finished; ``transfer_s[i]``: when it began moving bytes (after its latency). ``op_nics[i]``:
+    the NICs it loads, as indices into ``nic_names``. ``host_bytes_out[h]`` / ``host_bytes_in[h]``:
+    bytes leaving / entering host ``h`` through its NICs.
+    """
+
+    time_s: float
+    start_s: np.ndarray
+    transfer_s: np.ndarray
+    end_s: np.ndarray
+    host_bytes_out: np.ndarray
+    host_bytes_in: np.ndarray
+    op_nics: tuple[tuple[int, ...], ...]
+    nic_names: tuple[str, ...]
+    kinds: tuple[str, ...]
+    _extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def timeline(self) -> list[tuple[int, str, float, float]]:
+        """``[(op index, kind, start_s, end_s), ...]`` sorted by start time."""
+        order = np.lexsort((np.arange(len(self.start_s)), self.start_s))
+        return [
+            (int(i), self.kinds[i], float(self.start_s[i]), float(self.end_s[i])) for i in order
+        ]
+
+    def nic_intervals(self) -> dict[str, list[tuple[float, float, int]]]:
+        """``{nic name: [(begin_s, end_s, op index), ...]}``: when each NIC carried which op."""
+        out: dict[str, list[tuple[float, float, int]]] = {n: [] for n in self.nic_names}
+        for i, nics in enumerate(self.op_nics):
+            for k in nics:
+                out[self.nic_names[k]].append(
+                    (float(self.transfer_s[i]), float(self.end_s[i]), i)
+                )
+        return out
+
+    def summary(self) -> str:
+        """Time and bytes per host, one line each."""
+        lines = [f"simulated time: {self.time_s * 1e3:.3f} ms over {len(self.start_s)} ops"]
+        for h, (o, i) in enumerate(zip(self.host_bytes_out, self.host_bytes_in)):
+            if o or i:
+                lines.append(f"  host {h}: out {int(o)} B, in {int(i)} B")
+        return "\n".join(lines)
+
+    def plot(self, path: str, title: str = "") -> None:
+        """Draw the schedule as a Gantt chart, one row per NIC direction, into ``path`` (PNG)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        intervals = {k: v for k, v in self.nic_intervals().items() if v}
+        rows = list(intervals)
+        fig_h = max(2.0, 0.35 * len(rows) + 1.2)
+        fig, ax = plt.subplots(figsize=(11, fig_h))
+        colours = plt.get_cmap("tab20")
+        for y, name in enumerate(rows):
+            bars = [(b * 1e3, max(e - b, 0.0) * 1e3) for b, e, _ in intervals[name]]
+            faces = [colours(i % 20) for _, _, i in intervals[name]]
+            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=faces, edgecolor="black", lw=0.2)
+        ax.set_yticks(range(len(rows)), rows)
+        ax.invert_yaxis()
+        ax.set_xlabel("time (ms)")
+        ax.set_xlim(0, max(self.time_s * 1e3, 1e-9) * 1.02)
+        ax.set_title(title or f"simulated schedule: {self.time_s * 1e3:.3f} ms")
+        ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+class _Nics:
+    """Global NIC numbering: NIC ``k`` of host ``h``; outbound resource 2g, inbound 2g+1."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.gid: dict[int, int] = {}
+        self.names: list[str] = []
+        caps: list[float] = []
+        self.host_of_nic: list[int] = []
+        g = 0
+        for h, ranks in enumerate(topology.hosts):
+            k = topology.nics_per_host[h]
+            per_nic = -(-len(ranks) // k)
+            for j, r in enumerate(ranks):
+                self.gid[r] = g + j // per_nic
+            for j in range(k):
+                self.names += [f"h{h}.nic{j} out", f"h{h}.nic{j} in"]
+                caps += [topology.nic_out_gbps[h] * _GBIT, topology.nic_in_gbps[h] * _GBIT]
+                self.host_of_nic.append(h)
+            g += k
+        self.caps = caps
+
+
+def _op_model(plan: Plan, topology: Topology, nics: _Nics):
+    """Per op: (ranks, bytes, NIC resources, intra cap or inf, latency s, kind)."""
+    itemsize = plan.task.itemsize
+    host_of = topology._host_of
+    gid = nics.gid
+    lat = topology.latency_us * 1e-6
+    intra = topology.intra_gbps * _GBIT
+    inf = math.inf
+    out = []
+    for op in plan.ops:
+        if isinstance(op, Send):
+            nbytes = box_size(op.box) * itemsize
+            if host_of[op.src] == host_of[op.dst]:
+                out.append(((op.src, op.dst), nbytes, (), intra, lat))
+            else:
+                out.append(((op.src, op.dst), nbytes, (2 * gid[op.src], 2 * gid[op.dst] + 1), inf,
+                            lat))
+        elif isinstance(op, Broadcast):
+            nbytes = box_size(op.box) * itemsize
+            chain = broadcast_chain(op, host_of)
+            res: list[int] = []
+            fan = False
+            prev = None
+            for leader, members in chain:
+                if prev is not None:
+                    res.append(2 * gid[prev])
+                    res.append(2 * gid[leader] + 1)
+                if members:
+                    fan = True
+                prev = leader
+            out.append(((op.src, *op.dsts), nbytes, tuple(dict.fromkeys(res)),
+                        intra if fan else inf, lat))
+        elif isinstance(op, AllGather):
+            total = box_size(op.box)
+            worst = max((total - box_size(p) for p in op.parts), default=0) * itemsize
+            out.append((op.group, worst, (), intra, lat))
+        elif isinstance(op, Copy):
+            out.append(((op.rank,), box_size(op.box) * itemsize, (), intra, 0.0))
+        else:
+            raise TypeError(f"plan has an operation of unknown type {type(op).__name__}")
+    return out
+
+
+def simulate(plan: Plan, topology: Topology | None = None) -> SimReport:
+    """Simulate ``plan`` on ``topology`` (default: the plan's own) and report the makespan.
+
+    Deterministic: the same plan and topology always give the same report.
+    """
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
+    if topology is None:
+        topology = plan.topology
+    elif not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
+    topology.covers({r for op in plan.ops for r in op.ranks()})
+    nics = _Nics(topology)
+    model = _op_model(plan, topology, nics)
+    kinds = tuple(op.kind for op in plan.ops)
+    start, begin, end = _run(model, nics.caps)
+    n_hosts = topology.num_hosts
+    host_out = np.zeros(n_hosts, dtype=np.int64)
+    host_in = np.zeros(n_hosts, dtype=np.int64)
+    host_of_nic = nics.host_of_nic
+    for _, nbytes, res, _, _ in model:
+        for r in res:
+            h = host_of_nic[r >> 1]
+            if r & 1:
+                host_in[h] += nbytes
+            else:
+                host_out[h] += nbytes
+    return SimReport(
+        time_s=float(end.max()) if len(end) else 0.0,
+        start_s=start,
+        transfer_s=begin,
+        end_s=end,
+        host_bytes_out=host_out,
+        host_bytes_in=host_in,
+        op_nics=tuple(tuple(r for r in m[2]) for m in model),
+        nic_names=tuple(nics.names),
+        kinds=kinds,
+    )
+
+
+def _run(model, caps: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The event loop. Returns per-op start, transfer-begin and end times (seconds)."""
+    n = len(model)
+    # dependencies: the previous op of each rank
+    last_of: dict[int, int] = {}
+    npred = [0] * n
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for i, m in enumerate(model):
+        preds = set()
+        for r in m[0]:
+            p = last_of.get(r)
+            if p is not None:
+                preds.add(p)
+            last_of[r] = i
+        npred[i] = len(preds)
+        for p in preds:
+            succs[p].append(i)
+    start = [0.0] * n
+    begin = [0.0] * n
+    end = [0.0] * n
+    remaining = [0.0] * n
+    rate = [0.0] * n
+    stamp = [0.0] * n
+    version = [0] * n
+    count = [0] * len(caps)
+    flows: list[dict[int, None]] = [{} for _ in caps]
+    heap: list[tuple[float, int, int, int, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    seq = 0
+    inf = math.inf
+
+    def launch(i: int, t: float) -> None:
+        nonlocal seq
+        start[i] = t
+        _, nbytes, res, cap, lat = model[i]
+        if res:
+            seq += 1
+            push(heap, (t + lat, seq, 0, i, 0))
+        else:
+            begin[i] = t + lat
+            seq += 1
+            push(heap, (t + lat + (nbytes / cap if nbytes else 0.0), seq, 1, i, 0))
+
+    def reset(f: int, new: float, t: float) -> None:
+        nonlocal seq
+        old = rate[f]
+        if new == old:
+            return
+        remaining[f] -= old * (t - stamp[f])
+        if remaining[f] < 0.0:
+            remaining[f] = 0.0
+        stamp[f] = t
+        rate[f] = new
+        version[f] += 1
+        seq += 1
+        push(heap, (t + remaining[f] / new, seq, 1, f, version[f]))
+
+    def refill(touched: dict[int, None], t: float) -> None:
+        """Max-min fair rates for the touched transfers; the others keep theirs (local
+        water-filling: feasible, and exact when the touched set is a whole component)."""
+        resid: dict[int, float] = {}
+        cnt: dict[int, int] = {}
+        for f in touched:
+            for r in model[f][2]:
+                if r not in resid:
+                    resid[r] = caps[r] - sum(rate[g] for g in flows[r] if g not in touched)
+                    cnt[r] = 0
+                cnt[r] += 1
+        todo = dict(touched)
+        while todo:
+            share, where = inf, -1
+            for r, c in cnt.items():
+                if c:
+                    v = resid[r] / c
+                    if v < share:
+                        share, where = v, r
+            own = min(todo, key=lambda f: model[f][3])
+            if model[own][3] <= share:
+                fixed, share = [own], model[own][3]
+            else:
+                fixed = [f for f in flows[where] if f in todo]
+            if share <= 0.0:
+                share = 1e-300
+            for f in fixed:
+                del todo[f]
+                reset(f, share, t)
+                for r in model[f][2]:
+                    resid[r] -= share
+                    cnt[r] -= 1
+
+    for i in range(n):
+        if npred[i] == 0:
+            launch(i, 0.0)
+    while heap:
+        t, _, kind, i, ver = pop(heap)
+        m = model[i]
+        res = m[2]
+        if kind == 0:  # latency over: the transfer joins its NICs
+            begin[i] = t
+            remaining[i] = float(m[1])
+            stamp[i] = t
+            rate[i] = 0.0
+            if not m[1]:
+                seq += 1
+                push(heap, (t, seq, 1, i, version[i]))
+                continue
+            touched: dict[int, None] = {}
+            for r in res:
+                count[r] += 1
+                flows[r][i] = None
+                touched.update(flows[r])
+            refill(touched, t)
+            continue
+        if res and ver != version[i]:
+            continue  # stale: the rate changed since this end time was computed
+        end[i] = t
+        if res and m[1]:
+            touched = {}
+            for r in res:
+                count[r] -= 1
+                del flows[r][i]
+                touched.update(flows[r])
+            rate[i] = 0.0
+            if touched:
+                refill(touched, t)
+        for s in succs[i]:
+            npred[s] -= 1
+            if npred[s] == 0:
+                launch(s, t)
+    return np.array(start), np.array(begin), np.array(end)
