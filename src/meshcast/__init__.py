@@ -44,3 +44,44 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# The runtime imports torch, so its names load on first use: `import meshcast` stays numpy-only.
+_RUNTIME_EXPORTS = frozenset(
+    {
+        "LaunchError",
+        "ReshardError",
+        "TransferStats",
+        "detect_topology",
+        "launch",
+        "reset_transfer_stats",
+        "reshard",
+        "transfer_stats",
+    }
+)
+
+
+# DTensor and whole-model resharding (meshcast.interop); plan_many & co. need numpy only.
+_INTEROP_EXPORTS = frozenset(
+    {
+        "clear_plan_cache",
+        "plan_cache_info",
+        "plan_many",
+        "reshard_dtensor",
+        "reshard_many",
+        "reshard_state_dict",
+    }
+)
+
+
+def __getattr__(name: str):
+    """Lazy exports of :mod:`meshcast.runtime` (``meshcast.reshard``, ``meshcast.launch``, ...)
+    and :mod:`meshcast.interop` (``meshcast.reshard_dtensor``, ``meshcast.reshard_many``, ...)."""
+    if name in _RUNTIME_EXPORTS:
+        from . import runtime
+
+        return getattr(runtime, name)
+    if name in _INTEROP_EXPORTS:
+        from . import interop
+
+        return getattr(interop, name)
+    raise AttributeError(f"module 'meshcast' has no attribute {name!r}")

@@ -131,6 +131,17 @@ class Layout:
         return "".join("S" + "".join(map(str, dims[d])) if d in dims else "R" for d in range(n))
 
     @classmethod
+    def from_dtensor(cls, dt: Any) -> Layout:
+        """The layout of a torch ``DTensor``: its DeviceMesh (global ranks) and its placements.
+
+        ``Shard`` and ``Replicate`` only (``Partial`` raises ValueError: see
+        :func:`meshcast.reshard_dtensor`, which reduces it on the way). Imports torch.
+        """
+        from .interop.dtensor import layout_from_dtensor
+
+        return layout_from_dtensor(dt)
+
+    @classmethod
     def parse(cls, text: str) -> Layout:
         """From the CLI notation ``SHAPE[@FIRST]:SPEC``, e.g. ``"2x4@8:RRS0"``: a 2x4 mesh of
         consecutive ranks starting at 8, with layout ``RRS0``."""

@@ -22,6 +22,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "plan-speed": ("meshcast.cli.bench_plan_speed", "time decomposition and planning"),
     "planner": ("meshcast.cli.bench_planner", "plan quality: simulated time / lower bound"),
     "pipeline": ("meshcast.cli.bench_pipeline", "pipeline schedules: simulated step times"),
+    "weights": ("meshcast.cli.bench_weights", "weight sync: meshcast vs gather+broadcast"),
 }
 
 

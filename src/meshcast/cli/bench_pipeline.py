@@ -1,7 +1,7 @@
 """``meshcast bench pipeline``: step time of GPipe, 1F1B and eager-1F1B, with and without overlap.
 
     meshcast bench pipeline --simulate [--stages 4] [--microbatches 16] [--tflops 40]
-    meshcast bench pipeline --cluster N     # real runs: comes with the pipeline runtime
+    meshcast bench pipeline --cluster N [--nic-gbit 1] [--ranks-per-host 2] [--steps 4]
 
 ``--simulate`` prints two tables from :func:`meshcast.pipeline.simulate_pipeline`:
 
@@ -17,6 +17,14 @@
    Compute times: FLOPs of each stage's forward and backward counted by
    ``torch.utils.flop_counter`` on the meta device (no memory, no compute), divided by
    ``--tflops`` per GPU times the GPUs of a stage. An estimate, not a measurement.
+
+``--cluster N`` runs the real pipeline runtime (:mod:`meshcast.pipeline.runtime`): ``N`` stages,
+one emulated host each (docs/cluster.md: a network namespace per host, NIC shaped with ``tc`` to
+``--nic-gbit``), ``--ranks-per-host`` ranks per host, tensor-parallel inside a stage. Both models
+(sizes in :func:`cluster_jobs`) are trained with every strategy x {1F1B, eager-1F1B}, GPipe
+(broadcast) and the free-communication bound (every boundary tensor replaced by a 1-byte message)
+of each schedule; it prints samples/s and the peak activation memory of each stage. Without root
+(no namespaces) it runs on loopback instead, hosts emulated for planning only, and says so.
 
 A benchmark, not a test: it prints figures, it asserts nothing.
 """
@@ -50,10 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--simulate", action="store_true",
                       help="simulated step times (compute and transfer times from models)")
     mode.add_argument("--cluster", type=int, metavar="N",
-                      help="real runs on N emulated hosts (needs the pipeline runtime: to come)")
+                      help="real runs: N stages on N emulated hosts (NICs shaped)")
     parser.add_argument("--stages", type=int, default=4, help="stages of the sweep (default 4)")
-    parser.add_argument("--microbatches", type=int, default=16,
-                        help="microbatches per step (default 16)")
+    parser.add_argument("--microbatches", type=int, default=None,
+                        help="microbatches per step (default 16 simulated, 8 on the cluster)")
+    parser.add_argument("--nic-gbit", type=float, default=1.0,
+                        help="--cluster: NIC speed of each emulated host (default 1 Gbit/s)")
+    parser.add_argument("--ranks-per-host", type=int, default=2,
+                        help="--cluster: ranks per host = tensor-parallel degree (default 2)")
+    parser.add_argument("--steps", type=int, default=4,
+                        help="--cluster: training steps per run, the first one not timed")
+    parser.add_argument("--models", default="gpt,utransformer",
+                        help="--cluster: models to run (default gpt,utransformer)")
     parser.add_argument("--ratios", default="0,0.25,0.5,1,1.5,2",
                         help="transfer time / forward time in the sweep")
     parser.add_argument("--tflops", type=float, default=40.0,
@@ -219,13 +235,10 @@ def _cells(times: dict[tuple[str, bool], float], scale: float, fmt: str) -> list
 def run(args: argparse.Namespace) -> int:
     """Print the tables."""
     if not args.simulate:
-        raise ValueError(
-            f"--cluster {args.cluster}: real pipeline runs need the pipeline runtime "
-            "(issue 6, point 3), which is not written yet; use --simulate"
-        )
+        return run_cluster(args)
     from rich.console import Console
 
-    n, m = args.stages, args.microbatches
+    n, m = args.stages, args.microbatches or 16
     if n < 1 or m < 1:
         raise ValueError("--stages and --microbatches must be at least 1")
     console = Console(width=160)
@@ -284,5 +297,176 @@ def run(args: argparse.Namespace) -> int:
         + "\n".join(notes)
         + "\nOverlap: forward sends run in the background (only the consumer waits); without it "
         "the sender blocks. Gradient sends always block. Links serialise their transfers."
+    )
+    return 0
+
+
+# -- real runs on the emulated cluster ------------------------------------------------------------
+CLUSTER_RUNS: tuple[tuple[str, str, bool], ...] = (
+    ("send_recv", "1f1b", False),
+    ("send_recv", "eager_1f1b", False),
+    ("allgather", "1f1b", False),
+    ("allgather", "eager_1f1b", False),
+    ("broadcast", "1f1b", False),
+    ("broadcast", "eager_1f1b", False),
+    ("broadcast", "gpipe", False),
+    ("free", "1f1b", True),
+    ("free", "eager_1f1b", True),
+    ("free", "gpipe", True),
+)
+"""(strategy, schedule, free communication) of each measured run; send_recv + 1F1B is the
+baseline."""
+
+
+def cluster_jobs(num_stages: int, ranks_per_host: int, microbatches: int, steps: int,
+                 nic_gbit: float, models: Sequence[str]) -> list:
+    """The runs of ``--cluster``: both models, sized so that on 2 shared CPU cores a boundary
+    transfer at 1 Gbit/s takes about as long as a stage's compute of one microbatch."""
+    from ..models import gpt, utransformer
+    from ..pipeline.training import TrainJob
+
+    configs = {
+        # 1 block per stage (n_layer = stages), 64 wide, 256 tokens: per microbatch of 8
+        # sequences the hidden state is 512 KiB
+        "gpt": (gpt.GPTConfig(vocab_size=64, block_size=256, n_layer=num_stages, n_head=2,
+                              n_embd=64), 8),
+        # 2 levels, 32 wide at 256 tokens; on 2 stages the first sends hidden (8, 64, 128) and
+        # the skips (8, 256, 32), (8, 128, 64): 768 KiB per microbatch of 8
+        "utransformer": (utransformer.UTransformerConfig(in_dim=16, dim=32, levels=2, n_head=2,
+                                                         seq_len=256), 8),
+    }
+    ranks = tuple(tuple(range(i * ranks_per_host, (i + 1) * ranks_per_host))
+                  for i in range(num_stages))
+    jobs = []
+    for model in models:
+        config, per_mb = configs[model]
+        for strategy, sched, free in CLUSTER_RUNS:
+            jobs.append(TrainJob(
+                model, config, ranks, sched, "broadcast" if free else strategy,
+                batch_size=per_mb * microbatches, num_microbatches=microbatches, steps=steps,
+                lr=0.01, free_communication=free, timeout=120.0, nic_gbps=nic_gbit,
+                label=f"{model}|{strategy}|{sched}",
+            ))
+    return jobs
+
+
+def _run_jobs_on_cluster(jobs: list, hosts: int, ranks_per_host: int, nic_gbit: float,
+                         timeout: float) -> tuple[list[list[dict]], str]:
+    """Run ``jobs`` on an emulated cluster (or on loopback without root): per-rank results and a
+    sentence saying where they ran."""
+    import os
+    import pickle
+    import sys
+    import tempfile
+
+    from ..cluster import Cluster, available, start_job, wait_job
+
+    world = hosts * ranks_per_host
+    ok, reason = available()
+    if not ok:
+        import meshcast
+
+        from ..pipeline.training import run_jobs
+
+        results = meshcast.launch(run_jobs, world, hosts=hosts, args=(jobs, False),
+                                  timeout=timeout)
+        return results, (f"LOOPBACK, NOT an emulated cluster ({reason}): {hosts} hosts emulated "
+                         "for planning only, no NIC shaping, so communication is nearly free")
+    with tempfile.TemporaryDirectory(prefix="meshcast-bench-") as tmp:
+        os.chmod(tmp, 0o755)
+        path = os.path.join(tmp, "jobs.pkl")
+        with open(path, "wb") as f:
+            pickle.dump(jobs, f)
+        name = f"mc-pipe{os.getpid()}"
+        with Cluster.up(hosts, nic_gbit=nic_gbit, name=name) as cluster:
+            procs = start_job(cluster, [sys.executable, "-m", "meshcast.pipeline.worker", path,
+                                        tmp], ranks_per_host,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+            codes = wait_job(procs, timeout)
+        errors = []
+        for r in range(world):
+            err = os.path.join(tmp, f"rank{r}.err")
+            if os.path.exists(err):
+                with open(err) as f:
+                    errors.append(f"rank {r}: {f.read().strip().splitlines()[-1]}")
+        if any(codes) or errors:
+            raise RuntimeError(f"the pipeline job failed (exit codes {codes}): "
+                               + ("; ".join(errors) or "no report (timed out?)"))
+        results = []
+        for r in range(world):
+            with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
+                results.append(pickle.load(f))
+    return results, (f"emulated cluster: {hosts} hosts (network namespaces), NIC shaped to "
+                     f"{nic_gbit:g} Gbit/s each way with tc, {ranks_per_host} ranks per host")
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    """``--cluster N``: measured samples/s of every run of :data:`CLUSTER_RUNS`."""
+    import statistics
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    hosts, per_host = args.cluster, args.ranks_per_host
+    if hosts < 2:
+        raise ValueError(f"--cluster {hosts}: a pipeline needs at least 2 hosts (one per stage)")
+    if per_host < 1 or args.steps < 2:
+        raise ValueError("--ranks-per-host must be at least 1 and --steps at least 2")
+    m = args.microbatches or 8
+    models = [x.strip() for x in args.models.split(",") if x.strip()]
+    jobs = cluster_jobs(hosts, per_host, m, args.steps, args.nic_gbit, models)
+    start = time.monotonic()
+    results, where = _run_jobs_on_cluster(jobs, hosts, per_host, args.nic_gbit,
+                                          timeout=60.0 + 60.0 * len(jobs))
+    wall = time.monotonic() - start
+    rows: dict[tuple[str, str, str], dict] = {}
+    for k, job in enumerate(jobs):
+        per_rank = [results[r][k] for r in range(len(results))]
+        # step time: the slowest rank's, each step starting at a barrier; first step not timed
+        steps = [max(p["seconds"][s] for p in per_rank) for s in range(1, job.steps)]
+        step_s = statistics.median(steps)
+        peaks = {}
+        for p in per_rank:
+            peaks[p["stage"]] = max(peaks.get(p["stage"], 0), p["peak_activation_bytes"])
+        model, strategy, sched = job.label.split("|")
+        rows[(model, strategy, sched)] = {
+            "samples": job.batch_size / step_s, "step_s": step_s,
+            "peaks": [peaks[i] for i in range(job.num_stages)], "job": job,
+        }
+    console = Console(width=160)
+    table = Table(title=f"Measured: {hosts} stages x {per_host} ranks (tensor-parallel), {m} "
+                  f"microbatches; {where}", title_justify="left")
+    for name in ("model", "strategy", "schedule", "samples/s", "step ms",
+                 "vs send_recv+1F1B", "vs free (same schedule)",
+                 "peak activations per stage (MiB)"):
+        table.add_column(name, justify="right")
+    for (model, strategy, sched), row in rows.items():
+        base = rows[(model, "send_recv", "1f1b")]["samples"]
+        free = rows[(model, "free", sched)]["samples"]
+        table.add_row(
+            model, strategy, sched, f"{row['samples']:.1f}", f"{row['step_s'] * 1e3:.0f}",
+            f"{row['samples'] / base:.2f}x", f"{row['samples'] / free:.2f}",
+            ", ".join(f"{b / 2**20:.1f}" for b in row["peaks"]),
+        )
+    console.print(table)
+    notes = []
+    for model in models:
+        job = rows[(model, "send_recv", "1f1b")]["job"]
+        from ..pipeline.training import stage_graph
+
+        graph = stage_graph(job)
+        sends = "; ".join(
+            f"stage {i} sends " + ", ".join(f"{e.name}{list(e.shape)}" for e in graph.sends(i))
+            for i in range(graph.num_stages - 1))
+        notes.append(f"{model}: {job.config}; microbatch {job.microbatch_size} sequences, "
+                     f"float32: {sends}")
+    console.print(
+        "free: every boundary tensor replaced by a 1-byte message (signal send/recv), the "
+        "receivers compute on stand-in tensors.\n"
+        f"Step time: median over steps 2..{args.steps} of the slowest rank, every step starting "
+        "at a barrier. Peak activations: bytes autograd saves for the microbatches a stage holds "
+        "at once (parameters excluded).\n"
+        + "\n".join(notes) + f"\nWall time of the whole run: {wall:.0f} s."
     )
     return 0

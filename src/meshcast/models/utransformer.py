@@ -29,8 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..pipeline.graph import StageGraph, TensorEdge
+from ..pipeline.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 __all__ = [
+    "TensorParallelBlock",
     "UTransformer",
     "UTransformerConfig",
     "UTransformerStage",
@@ -92,6 +94,59 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.ln_1(x))
+        return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
+
+
+class TensorParallelBlock(nn.Module):
+    """A :class:`Block` split over ``tp_size`` ranks (Megatron-style, like
+    :class:`meshcast.models.gpt.TensorParallelBlock`): rank ``r`` runs heads
+    ``r*H/tp .. (r+1)*H/tp`` and MLP hidden units ``r*mC/tp .. (r+1)*mC/tp``; the layer norms are
+    replicated. Input and output: the full hidden state, the same on every rank."""
+
+    def __init__(self, width: int, n_head: int, mlp_ratio: int, tp_rank: int, tp_size: int,
+                 group=None) -> None:
+        super().__init__()
+        if n_head % tp_size:
+            raise ValueError(f"n_head={n_head} must be divisible by tp_size={tp_size}")
+        self.local_heads = n_head // tp_size
+        self.ln_1 = nn.LayerNorm(width)
+        self.qkv = ColumnParallelLinear(width, 3 * width, tp_rank, tp_size, group)
+        self.proj = RowParallelLinear(width, width, tp_rank, tp_size, group)
+        self.ln_2 = nn.LayerNorm(width)
+        self.fc = ColumnParallelLinear(width, mlp_ratio * width, tp_rank, tp_size, group)
+        self.fc_out = RowParallelLinear(mlp_ratio * width, width, tp_rank, tp_size, group)
+
+    @classmethod
+    def from_block(cls, block: Block, tp_rank: int, tp_size: int, group=None
+                   ) -> TensorParallelBlock:
+        """This rank's shard of ``block`` (weights copied)."""
+        C = block.qkv.in_features
+        tp = cls(C, block.n_head, block.fc.out_features // C, tp_rank, tp_size, group)
+        per = C // tp_size
+        # rows of qkv from [q | k | v] to [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]: a contiguous
+        # column-parallel shard then holds the q, k and v of this rank's heads
+        order = torch.cat([
+            torch.arange(part * C + r * per, part * C + (r + 1) * per)
+            for r in range(tp_size) for part in range(3)
+        ])
+        qkv = nn.Linear(C, 3 * C)
+        with torch.no_grad():
+            qkv.weight.copy_(block.qkv.weight[order])
+            qkv.bias.copy_(block.qkv.bias[order])
+            tp.ln_1.load_state_dict(block.ln_1.state_dict())
+            tp.ln_2.load_state_dict(block.ln_2.state_dict())
+        tp.qkv = ColumnParallelLinear.from_full(qkv, tp_rank, tp_size, group)
+        tp.proj = RowParallelLinear.from_full(block.proj, tp_rank, tp_size, group)
+        tp.fc = ColumnParallelLinear.from_full(block.fc, tp_rank, tp_size, group)
+        tp.fc_out = RowParallelLinear.from_full(block.fc_out, tp_rank, tp_size, group)
+        return tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).chunk(3, dim=2)  # this rank's heads
+        q, k, v = (t.view(B, T, self.local_heads, -1).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, -1))
         return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
 
 

@@ -1,0 +1,218 @@
+"""DTensor interop: read a DTensor's layout, and move DTensors to another DeviceMesh.
+
+PyTorch's ``DTensor.redistribute`` refuses a different device mesh ("Cross device mesh comm not
+supported yet"); :func:`reshard_dtensor` does exactly that, with meshcast's planner and runtime.
+
+* A DeviceMesh's ranks are global ranks of the default process group, so plan ranks are global
+  ranks; every rank of the default group that is in the source or destination mesh must call.
+* ``Partial`` placements on the source are reduced on the way: on the source mesh, before any
+  data leaves it, DTensor's own ``redistribute`` turns each ``Partial`` mesh axis into
+  ``Replicate`` (an all-reduce with the Partial's reduce op along that axis). Destination
+  placements must be ``Shard`` or ``Replicate``.
+* Uneven sizes follow DTensor's chunking exactly (``Layout`` boxes equal DTensor's local shapes
+  and offsets).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from ..layout import Layout
+from ..layout import Replicate as McReplicate
+from ..layout import Shard as McShard
+from ..mesh import Mesh
+from ..plan import Plan
+from ..task import ReshardTask
+from ..topology import Topology
+from .plans import plan_many
+
+__all__ = [
+    "dtensor_task",
+    "layout_from_dtensor",
+    "layout_from_placements",
+    "reshard_dtensor",
+    "resolve_topology",
+]
+
+
+def _placement_kind(p: Any) -> str:
+    name = type(p).__name__
+    if name == "_StridedShard":
+        return "strided"
+    if isinstance(p, Shard):
+        return "shard"
+    if isinstance(p, Replicate):
+        return "replicate"
+    if getattr(p, "is_partial", lambda: False)():
+        return "partial"
+    return "other"
+
+
+def layout_from_placements(
+    device_mesh: DeviceMesh, placements: Sequence[Any], ndim: int, *, argument: str = "placements"
+) -> Layout:
+    """The meshcast :class:`~meshcast.Layout` of ``placements`` on ``device_mesh``, for a tensor
+    of ``ndim`` dimensions. Only ``Shard`` and ``Replicate`` are accepted."""
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(f"device_mesh must be a torch DeviceMesh, got {type(device_mesh).__name__}")
+    placements = tuple(placements)
+    if len(placements) != device_mesh.ndim:
+        raise ValueError(
+            f"{argument} has {len(placements)} entries but the device mesh has {device_mesh.ndim} "
+            f"dimensions: give one placement per mesh dimension"
+        )
+    ours: list[McShard | McReplicate] = []
+    for i, p in enumerate(placements):
+        kind = _placement_kind(p)
+        if kind == "shard":
+            dim = p.dim + ndim if p.dim < 0 else p.dim
+            if not 0 <= dim < ndim:
+                raise ValueError(
+                    f"{argument}[{i}] is {p!r}, but the tensor has {ndim} dimensions"
+                )
+            ours.append(McShard(dim))
+        elif kind == "replicate":
+            ours.append(McReplicate())
+        elif kind == "partial":
+            raise ValueError(
+                f"{argument}[{i}] is {p!r}: meshcast layouts hold Shard and Replicate only; a "
+                f"Partial source is reduced by meshcast.reshard_dtensor, a Partial destination "
+                f"is not supported"
+            )
+        else:
+            raise ValueError(
+                f"{argument}[{i}] is {p!r}: only Shard and Replicate placements are supported"
+            )
+    mesh = Mesh(device_mesh.mesh.tolist())
+    return Layout(mesh, ours)
+
+
+def layout_from_dtensor(dt: DTensor) -> Layout:
+    """The meshcast :class:`~meshcast.Layout` of ``dt`` (its DeviceMesh and placements).
+
+    Raises ``ValueError`` for ``Partial`` placements (reduce first, or use
+    :func:`reshard_dtensor`, which reduces on the way) and for strided sharding.
+    """
+    if not isinstance(dt, DTensor):
+        raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
+    return layout_from_placements(dt.device_mesh, dt.placements, dt.ndim, argument="dt.placements")
+
+
+def dtensor_task(dt: DTensor, device_mesh: DeviceMesh, placements: Sequence[Any]) -> ReshardTask:
+    """The :class:`~meshcast.ReshardTask` moving ``dt`` (Partial read as Replicate) to
+    ``placements`` on ``device_mesh``."""
+    if not isinstance(dt, DTensor):
+        raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
+    src_placements = [Replicate() if _placement_kind(p) == "partial" else p for p in dt.placements]
+    src = layout_from_placements(dt.device_mesh, src_placements, dt.ndim,
+                                 argument="dt.placements")
+    dst = layout_from_placements(device_mesh, placements, dt.ndim)
+    return ReshardTask(tuple(dt.shape), dt.dtype, src, dst)
+
+
+def resolve_topology(topology: Topology | None, tasks: Sequence[ReshardTask]) -> Topology | None:
+    """``topology`` if given; else the job's topology when it is known without a collective
+    (``$MESHCAST_TOPOLOGY`` from :func:`meshcast.launch`, or torchrun's uniform hosts); else
+    None (the planner's default: the last axis of each mesh spans one host)."""
+    if topology is not None:
+        return topology
+    from ..runtime.detect import TOPOLOGY_ENV, _uniform_torchrun, detect_topology
+
+    if not dist.is_initialized():
+        return None
+    if os.environ.get(TOPOLOGY_ENV) or _uniform_torchrun(dist.get_world_size()):
+        return detect_topology()
+    return None
+
+
+def _local_source(dt: DTensor, me: int) -> torch.Tensor | None:
+    """This rank's source shard, with Partial mesh axes reduced; None off the source mesh."""
+    if dt.device_mesh.get_coordinate() is None:
+        return None
+    if any(_placement_kind(p) == "partial" for p in dt.placements):
+        target = [Replicate() if _placement_kind(p) == "partial" else p for p in dt.placements]
+        dt = dt.redistribute(dt.device_mesh, target)
+    return dt.to_local()
+
+
+def _wrap(
+    out: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Any], task: ReshardTask
+) -> DTensor:
+    shape = torch.Size(task.shape)
+    stride = []
+    acc = 1
+    for n in reversed(task.shape):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return DTensor.from_local(
+        out, device_mesh, tuple(placements), run_check=False, shape=shape,
+        stride=tuple(reversed(stride)),
+    )
+
+
+def reshard_dtensor(
+    dt: DTensor,
+    device_mesh: DeviceMesh,
+    placements: Sequence[Any],
+    *,
+    topology: Topology | None = None,
+    strategy: str | None = None,
+    balance: str | None = None,
+    timeout: float | None = None,
+    plan: Plan | None = None,
+    **runtime_options: Any,
+) -> DTensor | None:
+    """Move ``dt`` to ``device_mesh`` with ``placements``; return the new DTensor, or None on a
+    rank outside ``device_mesh``.
+
+    Works where ``dt.redistribute`` refuses: disjoint, overlapping or identical meshes, uneven
+    shards as DTensor makes them. Call it on every rank of the default process group (SPMD: every
+    rank holds a DTensor object; ranks outside both meshes return None at once). ``Partial``
+    source placements are reduced on the source mesh first (module docstring). ``strategy`` and
+    ``balance`` go to :func:`meshcast.plan` (default: ``balance="auto"``); ``topology`` defaults
+    to :func:`resolve_topology`. Plans are cached by (shape, dtype, layouts, topology, options);
+    ``plan`` skips planning altogether. Other keyword arguments (``bucket_bytes``) go to
+    :func:`meshcast.reshard_many`, which runs the plan. The result is a new tensor that does not
+    require grad.
+    """
+    from ..runtime.execute import DEFAULT_TIMEOUT
+    from .many import reshard_many
+
+    task = dtensor_task(dt, device_mesh, placements)
+    me = dist.get_rank()
+    in_src = task.src.mesh.position(me) is not None
+    in_dst = task.dst.mesh.position(me) is not None
+    if plan is None:
+        if not (in_src or in_dst):
+            return None
+        topo = resolve_topology(topology, [task])
+        if balance is None and strategy is None:
+            balance = "auto"
+        (plan,) = plan_many([task], topo, strategy=strategy, balance=balance)
+    elif plan.task != task:
+        raise ValueError(
+            f"plan is for {plan.task.describe()}, but dt and the destination give {task.describe()}"
+        )
+    if not (in_src or in_dst):
+        return None
+    local = _local_source(dt, me)
+    device = torch.device(device_mesh.device_type) if device_mesh.device_type == "cpu" else None
+    (out,) = reshard_many(
+        [local],
+        [plan],
+        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+        device=device,
+        names=["dt"],
+        **runtime_options,
+    )
+    if not in_dst:
+        return None
+    assert out is not None
+    return _wrap(out, device_mesh, placements, task)

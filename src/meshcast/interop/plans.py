@@ -1,0 +1,404 @@
+"""Planning many tensors together, a plan cache, and the bucketed schedule that runs them.
+
+Numpy only (no torch): :func:`plan_many` and :func:`build_schedule` are pure functions of their
+arguments, so every rank computes the same plans and the same buckets.
+
+* **Joint planning** (``balance="joint"``): the unit slices of *all* tasks are visited largest
+  first; each picks, among its holders, the sender whose host has been given the fewest bytes to
+  send across hosts so far (divided by that host's outbound bandwidth), counting every tensor
+  planned before it. So when a model's weights are replicated on several source hosts (data
+  parallel), the source NICs share the whole model's traffic, not each tensor's separately. The
+  result is one ordinary :class:`~meshcast.Plan` per tensor (strategy ``broadcast`` or
+  ``send_recv``, balance ``"joint"``): ``execute_local``, :func:`meshcast.simulate` and
+  :func:`meshcast.reshard` run them unchanged.
+* **Plan cache**: plans are cached by (tasks, topology, strategy, balance), where a task is
+  (shape, dtype, source layout, destination layout) and a layout includes its mesh; the second
+  call with the same model plans nothing (:func:`plan_cache_info`).
+* **Schedule**: the network operations of all plans, cut into *buckets* whose staging bytes (pack
+  and unpack buffers) stay under a bound on every rank, each bucket in *phases* (a rank forwards
+  data, as a broadcast relay or an all-gather member, one phase after it received it). Within a
+  phase every pair of ranks exchanges one packed message.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ..layout import Box, box_size
+from ..plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
+from ..planner import plan as plan_one
+from ..task import ReshardTask
+from ..topology import Topology
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "JOINT_STRATEGIES",
+    "Schedule",
+    "build_schedule",
+    "clear_plan_cache",
+    "default_topology",
+    "plan_cache_info",
+    "plan_many",
+]
+
+DEFAULT_BUCKET_BYTES = 64 << 20
+"""Staging bytes (packed send buffers + receive buffers) one rank may hold at once."""
+JOINT_STRATEGIES = ("broadcast", "send_recv")
+"""Strategies the joint planner emits; other (strategy, balance) pairs plan tensor by tensor."""
+PLAN_CACHE_SIZE = 64
+"""Distinct (tasks, topology, strategy, balance) entries kept (least recently used dropped)."""
+
+_GBIT = 1e9 / 8
+
+
+# -- joint planning ---------------------------------------------------------------------------
+def default_topology(tasks: Sequence[ReshardTask]) -> Topology:
+    """The planner's convention for many tasks: the last axis of each mesh spans one host."""
+    meshes = []
+    for t in tasks:
+        for m in (t.src.mesh, t.dst.mesh):
+            if m not in meshes:
+                meshes.append(m)
+    return Topology.from_meshes(*meshes)
+
+
+def _split_slices(task: ReshardTask):
+    """(slice index, box, nbytes, holders, local receivers, remote receivers) of ``task``."""
+    dec = task.decomposition
+    sizes = dec.sizes().tolist()
+    itemsize = task.itemsize
+    cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for i, (box, s, t) in enumerate(zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())):
+        split = cache.get((s, t))
+        if split is None:
+            holders = set(dec.holders_of_tile[s])
+            receivers = dec.receivers_of_tile[t]
+            split = (
+                tuple(r for r in receivers if r in holders),
+                tuple(r for r in receivers if r not in holders),
+            )
+            cache[(s, t)] = split
+        yield i, box, sizes[i] * itemsize, dec.holders_of_tile[s], split[0], split[1]
+
+
+def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str) -> list[Plan]:
+    host_of = topology._host_of
+    out_rate = [g * _GBIT for g in topology.nic_out_gbps]
+    nics = topology.nics_per_host
+    host_load = [0.0] * topology.num_hosts  # bytes given to each host to send across hosts
+    rank_load: dict[int, int] = defaultdict(int)
+    # every network slice of every task, largest first (stable: task order, then slice order)
+    jobs = []
+    per_task: list[list[tuple[int, Box, tuple[int, ...], tuple[int, ...]]]] = []
+    for k, task in enumerate(tasks):
+        slices = []
+        for i, box, nbytes, holders, local, remote in _split_slices(task):
+            slices.append((i, box, local, remote))
+            if remote:
+                jobs.append((-nbytes, k, i, holders, remote))
+        per_task.append(slices)
+    jobs.sort(key=lambda j: (j[0], j[1], j[2]))
+    sender: dict[tuple[int, int], int] = {}
+    for neg, k, i, holders, remote in jobs:
+        nbytes = -neg
+        remote_hosts = [host_of[r] for r in remote]
+
+        def cost(r: int, nbytes: int = nbytes, remote_hosts: list[int] = remote_hosts):
+            h = host_of[r]
+            if strategy == "broadcast":
+                added = nbytes if any(x != h for x in remote_hosts) else 0
+            else:
+                added = nbytes * sum(x != h for x in remote_hosts)
+            return ((host_load[h] + added) / (out_rate[h] * nics[h]), rank_load[r], r)
+
+        choice = holders[0] if len(holders) == 1 else min(holders, key=cost)
+        h = host_of[choice]
+        if strategy == "broadcast":
+            host_load[h] += nbytes if any(x != h for x in remote_hosts) else 0
+            rank_load[choice] += nbytes
+        else:
+            host_load[h] += nbytes * sum(x != h for x in remote_hosts)
+            rank_load[choice] += nbytes * len(remote)
+        sender[(k, i)] = choice
+    plans = []
+    for k, task in enumerate(tasks):
+        ops: list[Op] = []
+        for i, box, local, remote in per_task[k]:
+            ops.extend(Copy(r, box) for r in local)
+            if not remote:
+                continue
+            src = sender[(k, i)]
+            if strategy == "send_recv":
+                ops.extend(Send(src, r, box) for r in remote)
+            elif len(remote) == 1:
+                ops.append(Send(src, remote[0], box))
+            else:
+                ops.append(Broadcast(src, remote, box))
+        plans.append(Plan(task, tuple(ops), strategy, "joint", topology))
+    return plans
+
+
+_cache_lock = threading.Lock()
+_plan_cache: OrderedDict[Any, tuple[Plan, ...]] = OrderedDict()
+_cache_stats = {"hits": 0, "misses": 0}
+
+
+def plan_many(
+    tasks: Sequence[ReshardTask],
+    topology: Topology | None = None,
+    *,
+    strategy: str | None = None,
+    balance: str | None = None,
+    cache: bool = True,
+) -> list[Plan]:
+    """Plan ``tasks`` together: one :class:`~meshcast.Plan` per task, in order.
+
+    With ``balance="joint"`` (the default) the senders of all tasks are chosen together (module
+    docstring) with ``strategy`` ``"broadcast"`` (default) or ``"send_recv"``. Any other balance
+    (``"none"``, ``"size"``, ``"order"``, ``"auto"``) plans each task alone with
+    :func:`meshcast.plan`. ``topology`` must place every rank of every mesh; without one, the last
+    axis of each mesh spans one host. Results are cached (``cache=False`` bypasses the cache).
+    """
+    tasks = list(tasks)
+    for k, t in enumerate(tasks):
+        if not isinstance(t, ReshardTask):
+            raise TypeError(f"tasks[{k}] must be a meshcast.ReshardTask, got {type(t).__name__}")
+    if balance is None:
+        balance = "joint"
+    if balance == "joint":
+        strategy = strategy or "broadcast"
+        if strategy not in JOINT_STRATEGIES:
+            raise ValueError(
+                f"strategy={strategy!r} cannot be planned with balance='joint'; choose one of "
+                f"{', '.join(JOINT_STRATEGIES)}, or another balance to plan tensor by tensor"
+            )
+    if topology is None:
+        topology = default_topology(tasks) if tasks else None
+    elif not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
+    if topology is not None:
+        for k, t in enumerate(tasks):
+            try:
+                topology.covers(set(t.src.mesh.devices) | set(t.dst.mesh.devices))
+            except ValueError as exc:
+                raise ValueError(f"tasks[{k}] ({t.describe()}): {exc}") from None
+    key = (tuple(tasks), topology, strategy, balance)
+    if cache:
+        with _cache_lock:
+            hit = _plan_cache.get(key)
+            if hit is not None:
+                _plan_cache.move_to_end(key)
+                _cache_stats["hits"] += 1
+                return list(hit)
+    if balance == "joint":
+        plans = _joint_plans(tasks, topology, strategy) if tasks else []
+    else:
+        plans = [plan_one(t, topology, strategy, balance) for t in tasks]
+    if cache:
+        with _cache_lock:
+            _cache_stats["misses"] += 1
+            _plan_cache[key] = tuple(plans)
+            while len(_plan_cache) > PLAN_CACHE_SIZE:
+                _plan_cache.popitem(last=False)
+    return plans
+
+
+def plan_cache_info() -> dict[str, int]:
+    """``{"hits": ..., "misses": ..., "size": ...}`` of this process's plan cache."""
+    with _cache_lock:
+        return {**_cache_stats, "size": len(_plan_cache)}
+
+
+def clear_plan_cache() -> None:
+    """Forget every cached plan and schedule and zero the counters."""
+    with _cache_lock:
+        _plan_cache.clear()
+        _schedule_cache.clear()
+        _cache_stats.update(hits=0, misses=0)
+
+
+# -- the bucketed, phased schedule ------------------------------------------------------------
+class Segment(NamedTuple):
+    """One box of tensor ``tensor`` inside a packed message; ``from_out``: read from the sender's
+    destination shard (it received the box earlier) rather than its source shard."""
+
+    tensor: int
+    box: Box
+    from_out: bool
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Messages that may all be in flight at once: ``messages[(src, dst)]`` lists the segments
+    ``src`` packs, in order, into one message to ``dst``."""
+
+    messages: dict[tuple[int, int], tuple[Segment, ...]]
+
+    def sends_of(self, rank: int) -> list[tuple[int, tuple[Segment, ...]]]:
+        """``[(peer, segments), ...]`` that ``rank`` sends, by peer."""
+        return sorted((d, segs) for (s, d), segs in self.messages.items() if s == rank)
+
+    def recvs_of(self, rank: int) -> list[tuple[int, tuple[Segment, ...]]]:
+        """``[(peer, segments), ...]`` that ``rank`` receives, by peer."""
+        return sorted((s, segs) for (s, d), segs in self.messages.items() if d == rank)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What :func:`meshcast.reshard_many` runs: local copies first, then the buckets in order,
+    each a list of phases. ``staging[r]`` is the most bytes rank ``r`` stages in one bucket."""
+
+    copies: tuple[tuple[int, int, Box], ...]  # (tensor, rank, box)
+    buckets: tuple[tuple[Phase, ...], ...]
+    staging: dict[int, int]
+    ranks: tuple[int, ...]
+    bucket_bytes: int
+
+    def copies_of(self, rank: int) -> list[tuple[int, Box]]:
+        """``[(tensor, box), ...]`` that ``rank`` copies from its source to its destination."""
+        return [(t, b) for t, r, b in self.copies if r == rank]
+
+
+class _Xfer(NamedTuple):
+    src: int
+    dst: int
+    tensor: int
+    box: Box
+    from_out: bool
+
+
+def _expand(op: Op, host_of: dict[int, int]) -> list[_Xfer]:
+    """Point-to-point movements of one operation (tensor index filled in later as -1)."""
+    if isinstance(op, Send):
+        return [_Xfer(op.src, op.dst, -1, op.box, False)]
+    if isinstance(op, Broadcast):
+        out, prev = [], None
+        for leader, members in broadcast_chain(op, host_of):
+            if prev is not None:
+                out.append(_Xfer(prev, leader, -1, op.box, prev != op.src))
+            out.extend(_Xfer(leader, r, -1, op.box, leader != op.src) for r in members)
+            prev = leader
+        return out
+    if isinstance(op, AllGather):
+        return [
+            _Xfer(i, j, -1, part, True)
+            for i, part in zip(op.group, op.parts)
+            for j in op.group
+            if j != i
+        ]
+    raise TypeError(f"plan has an operation of unknown type {type(op).__name__}")
+
+
+def _split(box: Box, k: int) -> list[Box]:
+    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
+    lo, hi = box[dim].start, box[dim].stop
+    k = max(1, min(k, hi - lo))
+    small, extra = divmod(hi - lo, k)
+    parts, start = [], lo
+    for i in range(k):
+        stop = start + small + (i < extra)
+        parts.append((*box[:dim], slice(start, stop), *box[dim + 1 :]))
+        start = stop
+    return parts
+
+
+def _staging(xfers: list[_Xfer], itemsize: int) -> dict[int, int]:
+    out: dict[int, int] = defaultdict(int)
+    for x in xfers:
+        n = box_size(x.box) * itemsize
+        out[x.src] += n
+        out[x.dst] += n
+    return out
+
+
+def _overlaps(a: Box, b: Box) -> bool:
+    return all(x.start < y.stop and y.start < x.stop for x, y in zip(a, b))
+
+
+_schedule_cache: OrderedDict[tuple[int, ...], tuple[tuple[Plan, ...], int, Schedule]] = (
+    OrderedDict()
+)
+
+
+def build_schedule(plans: Sequence[Plan], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Schedule:
+    """Cut the operations of ``plans`` (tensor ``k`` = ``plans[k]``) into buckets and phases.
+
+    Operations are taken in order (plan by plan, then plan order). A bucket closes before an
+    operation that would make some rank stage more than ``bucket_bytes``; an operation that alone
+    exceeds it is cut into parts along its box's longest dimension (all-gathers are never cut).
+    Cached per list of plan objects.
+    """
+    key = tuple(id(p) for p in plans)
+    with _cache_lock:
+        hit = _schedule_cache.get(key)
+        if hit is not None and hit[1] == bucket_bytes and all(
+            a is b for a, b in zip(hit[0], plans)
+        ):
+            return hit[2]
+    copies: list[tuple[int, int, Box]] = []
+    buckets: list[list[_Xfer]] = [[]]
+    load: dict[int, int] = defaultdict(int)
+    staging: dict[int, int] = defaultdict(int)
+    ranks: set[int] = set()
+    for k, p in enumerate(plans):
+        host_of = p.topology._host_of
+        itemsize = p.task.itemsize
+        ranks.update(p.ranks)
+        for op in p.ops:
+            if isinstance(op, Copy):
+                copies.append((k, op.rank, op.box))
+                continue
+            xfers = [x._replace(tensor=k) for x in _expand(op, host_of)]
+            need = _staging(xfers, itemsize)
+            worst = max(need.values(), default=0)
+            pieces = [xfers]
+            if worst > bucket_bytes and not isinstance(op, AllGather):
+                parts = _split(op.box, -(-worst // bucket_bytes))
+                pieces = [
+                    [x._replace(box=part) for x in xfers] for part in parts
+                ]
+            for piece in pieces:
+                need = _staging(piece, itemsize)
+                if buckets[-1] and any(load[r] + n > bucket_bytes for r, n in need.items()):
+                    for r, n in load.items():
+                        staging[r] = max(staging[r], n)
+                    buckets.append([])
+                    load.clear()
+                buckets[-1].extend(piece)
+                for r, n in need.items():
+                    load[r] += n
+    for r, n in load.items():
+        staging[r] = max(staging[r], n)
+    phased = []
+    for xfers in buckets:
+        if not xfers:
+            continue
+        writes: dict[tuple[int, int], list[tuple[Box, int]]] = defaultdict(list)
+        messages: list[dict[tuple[int, int], list[Segment]]] = []
+        for x in xfers:
+            phase = 0
+            if x.from_out:
+                for box, p in writes.get((x.src, x.tensor), ()):
+                    if p >= phase and _overlaps(box, x.box):
+                        phase = p + 1
+            writes[(x.dst, x.tensor)].append((x.box, phase))
+            while len(messages) <= phase:
+                messages.append(defaultdict(list))
+            nbytes = box_size(x.box) * plans[x.tensor].task.itemsize
+            messages[phase][(x.src, x.dst)].append(Segment(x.tensor, x.box, x.from_out, nbytes))
+        phased.append(
+            tuple(Phase({k: tuple(v) for k, v in m.items()}) for m in messages)
+        )
+    schedule = Schedule(
+        tuple(copies), tuple(phased), dict(staging), tuple(sorted(ranks)), int(bucket_bytes)
+    )
+    with _cache_lock:
+        _schedule_cache[key] = (tuple(plans), int(bucket_bytes), schedule)
+        while len(_schedule_cache) > PLAN_CACHE_SIZE:
+            _schedule_cache.popitem(last=False)
+    return schedule

@@ -1,0 +1,129 @@
+"""Whole-model resharding: move a state dict from one set of layouts to another in one call.
+
+Two forms, both SPMD (every rank of the default process group that holds or receives any tensor
+calls, with the same ``layouts`` in the same order):
+
+* **plain tensors**: ``state_dict[name]`` is this rank's source shard of tensor ``name`` (absent
+  or None where the rank is outside its source mesh) and ``layouts[name]`` a
+  :class:`~meshcast.ReshardTask` declaring its global shape, dtype, source and destination
+  layouts. The result maps each name whose destination mesh holds this rank to its shard.
+* **DTensors**: ``state_dict[name]`` is a DTensor (every rank holds the object, as in SPMD) and
+  ``layouts[name]`` is ``(device_mesh, placements)``. The result maps each name whose destination
+  mesh holds this rank to a DTensor there.
+
+All tensors are planned together (:func:`meshcast.plan_many`, cached) and moved together in
+bounded buckets (:func:`meshcast.reshard_many`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..task import ReshardTask
+from ..topology import Topology
+from .many import reshard_many
+from .plans import DEFAULT_BUCKET_BYTES, plan_many
+
+__all__ = ["reshard_state_dict"]
+
+
+def _is_dtensor(x: object) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(x, DTensor)
+
+
+def reshard_state_dict(
+    state_dict: Mapping[str, Any],
+    layouts: Mapping[str, Any],
+    *,
+    topology: Topology | None = None,
+    strategy: str | None = None,
+    balance: str | None = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Move every tensor of ``state_dict`` to the destination ``layouts`` declares for it.
+
+    See the module docstring for the two forms. Names are taken in the order of ``layouts``.
+    Before any data moves, every rank checks its entries: a name in ``state_dict`` that
+    ``layouts`` does not declare, a missing shard, or a shard whose shape or dtype differs from
+    its declared layout raises ``ValueError`` on every rank, naming the tensor and the rule.
+    ``strategy``/``balance`` go to :func:`meshcast.plan_many` (default: joint broadcast plan);
+    ``topology`` defaults to :func:`meshcast.interop.dtensor.resolve_topology`; ``bucket_bytes``
+    bounds each rank's staging memory (:func:`meshcast.reshard_many`).
+    """
+    from ..runtime.execute import DEFAULT_TIMEOUT
+    from .dtensor import _local_source, _wrap, dtensor_task, resolve_topology
+
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping of names to tensors, got "
+                        f"{type(state_dict).__name__}")
+    if not isinstance(layouts, Mapping):
+        raise TypeError(f"layouts must be a mapping of names to layouts, got "
+                        f"{type(layouts).__name__}")
+    me = dist.get_rank()
+    names = list(layouts)
+    errors: list[str] = []
+    for name in state_dict:
+        if name not in layouts:
+            errors.append(
+                f"state_dict[{name!r}] has no entry in layouts: declare its layout (every name "
+                f"must be declared, in the same order on every rank)"
+            )
+    dtensor_form = any(_is_dtensor(v) for v in state_dict.values())
+    tasks: list[ReshardTask] = []
+    locals_: list[torch.Tensor | None] = []
+    targets: list[tuple[Any, Any]] = []
+    for name in names:
+        spec = layouts[name]
+        value = state_dict.get(name)
+        if dtensor_form:
+            if not _is_dtensor(value):
+                raise TypeError(
+                    f"state_dict[{name!r}] must be a DTensor like the other entries (every rank "
+                    f"holds every DTensor in SPMD), got {type(value).__name__}"
+                )
+            if not (isinstance(spec, tuple) and len(spec) == 2):
+                raise TypeError(
+                    f"layouts[{name!r}] must be (device_mesh, placements) for a DTensor, got "
+                    f"{spec!r}"
+                )
+            try:
+                task = dtensor_task(value, spec[0], spec[1])
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"layouts[{name!r}]: {exc}") from None
+            tasks.append(task)
+            targets.append(spec)
+            locals_.append(_local_source(value, me))
+        else:
+            if not isinstance(spec, ReshardTask):
+                raise TypeError(
+                    f"layouts[{name!r}] must be a meshcast.ReshardTask (shape, dtype, source and "
+                    f"destination layouts) for a plain tensor, got {type(spec).__name__}"
+                )
+            tasks.append(spec)
+            locals_.append(value)
+    topo = resolve_topology(topology, tasks)
+    plans = plan_many(tasks, topo, strategy=strategy, balance=balance)
+    outs = reshard_many(
+        locals_,
+        plans,
+        bucket_bytes=bucket_bytes,
+        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+        names=[f"state_dict[{n!r}]" for n in names],
+        _errors=errors,
+    )
+    result: dict[str, Any] = {}
+    for k, name in enumerate(names):
+        if outs[k] is None:
+            continue
+        if dtensor_form:
+            result[name] = _wrap(outs[k], targets[k][0], targets[k][1], tasks[k])
+        else:
+            result[name] = outs[k]
+    return result

@@ -1,0 +1,29 @@
+"""The runtime: run plans on ``torch.distributed`` (imports torch; the planning core does not).
+
+- :func:`reshard` runs a plan on every rank it involves (execute.py);
+- :func:`launch` starts local processes with a gloo group for examples and tests (launch.py);
+- :func:`detect_topology` reads which host each rank is on (detect.py);
+- :func:`transfer_stats` returns the byte counters the runtime fills as it sends (stats.py).
+"""
+
+from .detect import detect_topology
+from .errors import ReshardError
+from .execute import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_TIMEOUT, reshard
+from .groups import group_cache
+from .launch import LaunchError, launch
+from .stats import TransferStats, reset_transfer_stats, transfer_stats
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_MAX_INFLIGHT_BYTES",
+    "DEFAULT_TIMEOUT",
+    "LaunchError",
+    "ReshardError",
+    "TransferStats",
+    "detect_topology",
+    "group_cache",
+    "launch",
+    "reset_transfer_stats",
+    "reshard",
+    "transfer_stats",
+]

@@ -1,0 +1,144 @@
+"""The pipeline runtime on real gloo processes against the same model trained in one process.
+
+One ``meshcast.launch`` of 4 ranks runs every job (process start with torch costs seconds): both
+models, every schedule x every strategy on 2 stages x 2 ranks (tensor-parallel 2 inside each
+stage), plus unequal tensor-parallel degrees, sharded boundary layouts, and 3 stages where the
+U-Transformer's skip goes to a non-adjacent stage. Each job trains 2 SGD steps (momentum 0.9) on
+4 microbatches. The parent trains the whole model in one process on the whole batch and compares
+the losses and the final parameters of every rank's (tensor-parallel) stage.
+
+Tolerance: float32 everywhere. The pipelined run adds the same numbers in another order: the
+row-parallel layers sum two partial products (tensor parallelism), and gradients are accumulated
+over 4 microbatches instead of one batched sum. Reordering a sum of K float32 terms changes it by
+about sqrt(K) (at worst K) units of roundoff (6e-8) of the terms' magnitude; the longest sums here
+have K <= 256 terms of magnitude <= 1, and two steps carry the difference once. Measured worst case
+over all jobs: 1.2e-7 absolute on parameters and losses. We allow ``atol=1e-5, rtol=1e-4``, a
+hundred times that, and check that every job's parameters moved by more than a hundred times the
+tolerance (so a missing or doubled update cannot pass).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import meshcast  # noqa: E402
+from meshcast.models import gpt, utransformer  # noqa: E402
+from meshcast.pipeline import SCHEDULES  # noqa: E402
+from meshcast.pipeline.training import (  # noqa: E402
+    TrainJob,
+    build_model,
+    build_stage,
+    reference_training,
+    run_jobs,
+)
+
+GPT_CFG = gpt.GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=32)
+UT_CFG = utransformer.UTransformerConfig(in_dim=8, dim=16, levels=2, n_head=2, seq_len=16)
+MODELS = {"gpt": GPT_CFG, "utransformer": UT_CFG}
+STRATEGIES = ("send_recv", "allgather", "broadcast")
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def _jobs() -> list[TrainJob]:
+    jobs = [
+        TrainJob(model, cfg, ((0, 1), (2, 3)), sched, strat, label=f"{model} {sched} {strat}")
+        for model, cfg in MODELS.items()
+        for sched in SCHEDULES
+        for strat in STRATEGIES
+    ]
+    # unequal tensor-parallel degrees (rank 1 idle), sharded layouts on both sides
+    jobs += [
+        TrainJob("gpt", GPT_CFG, ((0,), (2, 3)), "eager_1f1b", "broadcast",
+                 layouts=(("hidden", ("RRR", "RS1R")),), label="gpt tp 1->2 sharded"),
+        TrainJob("gpt", GPT_CFG, ((0, 1), (3,)), "1f1b", "allgather",
+                 layouts=(("hidden", ("S1RR", "RRR")),), label="gpt tp 2->1 sharded"),
+        TrainJob("gpt", GPT_CFG, ((0, 1), (2, 3)), "eager_1f1b", "send_recv",
+                 layouts=(("hidden", ("RRS1", "RS1R")),), label="gpt tp 2->2 sharded"),
+    ]
+    # three stages: the skip of level 0 goes from stage 0 to stage 2
+    jobs += [
+        TrainJob(model, cfg, ((0,), (1,), (2, 3)), sched, "broadcast", num_microbatches=4,
+                 label=f"{model} 3 stages {sched}")
+        for model, cfg in MODELS.items()
+        for sched in ("1f1b", "eager_1f1b")
+    ]
+    return jobs
+
+
+JOBS = _jobs()
+
+
+@pytest.fixture(scope="module")
+def results() -> list[list[dict]]:
+    """Per rank, per job: what :func:`run_jobs` returned."""
+    return meshcast.launch(run_jobs, 4, args=(JOBS,), timeout=240)
+
+
+def _check(job: TrainJob, per_rank: list[dict]) -> None:
+    want_losses, trained = reference_training(job)
+    initial = build_model(job)
+    ranks_seen = set()
+    for got in per_rank:
+        stage = got["stage"]
+        if stage is None:
+            continue
+        ranks = job.stage_ranks[stage]
+        ranks_seen.add(got["rank"])
+        tp_rank, tp = ranks.index(got["rank"]), len(ranks)
+        if stage == job.num_stages - 1:
+            torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want_losses),
+                                       atol=ATOL, rtol=RTOL)
+        else:
+            assert got["losses"] == [None] * job.steps
+        want = build_stage(job, trained, stage, tp_rank, tp).state_dict()
+        before = build_stage(job, initial, stage, tp_rank, tp).state_dict()
+        assert sorted(got["state"]) == sorted(want)
+        moved = 0.0
+        for name, value in want.items():
+            torch.testing.assert_close(got["state"][name], value, atol=ATOL, rtol=RTOL,
+                                       msg=lambda m, n=name: f"{job.label}, {n}: {m}")
+            moved = max(moved, float((value - before[name]).abs().max()))
+        assert moved > 100 * ATOL, (job.label, stage, moved)
+        assert got["peak_activation_bytes"] > 0
+    assert ranks_seen == {r for s in job.stage_ranks for r in s}
+
+
+@pytest.mark.parametrize("index", range(len(JOBS)), ids=[j.label for j in JOBS])
+def test_pipelined_tensor_parallel_training_matches_one_process(results, index: int) -> None:
+    _check(JOBS[index], [results[r][index] for r in range(4)])
+
+
+def test_peak_activations_follow_the_schedule(results) -> None:
+    """Stage 0 of 2 holds m, 2 and 3 microbatches (GPipe, 1F1B, eager-1F1B; m = 4)."""
+    peak = {}
+    for index, job in enumerate(JOBS):
+        if job.model == "gpt" and job.strategy == "broadcast" and job.stage_ranks == (
+                (0, 1), (2, 3)) and not job.layouts:
+            peak[job.schedule] = results[0][index]["peak_activation_bytes"]
+    per_microbatch = peak["gpipe"] / 4
+    assert peak["1f1b"] == 2 * per_microbatch and peak["eager_1f1b"] == 3 * per_microbatch
+
+
+def test_a_failing_stage_raises_on_every_rank() -> None:
+    job = TrainJob("gpt", GPT_CFG, ((0, 1), (2, 3)), "1f1b", "broadcast", timeout=30,
+                   fail_on=(2, 1), label="failing")
+    with pytest.raises(meshcast.LaunchError) as info:
+        meshcast.launch(run_jobs, 4, args=([job],), timeout=90)
+    failures = info.value.failures
+    assert sorted(failures) == [0, 1, 2, 3]
+    assert "injected failure" in failures[2]
+    for rank in (0, 1, 3):
+        first = failures[rank].splitlines()[0]
+        assert "PipelineError" in first or "ReshardError" in first, first
+        assert "did not finish in time" not in first
+
+
+def test_importing_the_pipeline_package_does_not_import_torch() -> None:
+    code = ("import sys, meshcast, meshcast.pipeline; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
