@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from strategies import sample_array, tasks
 
 import meshcast as mc
+from meshcast import balance as balance_mod
 from meshcast.balance import SEARCH_NODE_BUDGET, order_plan
 from meshcast.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
 from meshcast.cli import main
@@ -201,3 +202,71 @@ def test_cli_prints_simulation_and_draws_timeline(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "simulated time:" in text and "lower bound:" in text and "efficiency:" in text
     assert out.stat().st_size > 1000
+
+
+def _p3_task(shape, dtype, src, src_spec, dst, dst_spec):
+    task = mc.ReshardTask(shape, dtype, mc.Layout(src, src_spec), mc.Layout(dst, dst_spec))
+    return task, p3_topology(task)
+
+
+def test_host_bound_exact_when_every_rank_of_a_host_needs_every_slice():
+    """Two one-rank source hosts hold one half each; both ranks of the destination host need
+    both halves. Each half: two receivers pay a latency each, its bytes cross the NIC once
+    (tr = 10 us), and either both receivers wait for the transfer or a second (intra-host)
+    operation pays one more latency: 2 * lat + tr + min(tr, lat) per half, over 2 ranks."""
+    task, topo = _p3_task((25_000,), "int8", mc.Mesh.from_range(0, (2, 1)), "S0",
+                          mc.Mesh.from_range(2, (1, 2)), "R")
+    lat, tr = 30e-6, 12_500 / (10e9 / 8)
+    lb = mc.lower_bound_details(task, topo)
+    assert lb.host_s == pytest.approx(2 * (2 * lat + tr + min(tr, lat)) / 2, rel=1e-12)
+    assert lb.seconds == pytest.approx(lb.host_s, rel=1e-6)
+    assert lb.seconds > lb.inbound_s + lb.latency_s and lb.seconds > lb.rank_s
+    # two broadcasts into the same two ranks, one after the other, reach it
+    assert mc.simulate(mc.plan(task, topo)).time_s == pytest.approx(2 * (lat + tr), rel=1e-9)
+
+
+def test_tile_bound_with_nic_rate_exact_for_single_holder():
+    """One rank holds everything and four one-rank hosts need a quarter each: the holder runs
+    four operations one after another, each a latency plus a quarter over its NIC."""
+    task, topo = _p3_task((50_000,), "int8", mc.Mesh.from_range(0, (1, 1)), "R",
+                          mc.Mesh.from_range(1, (4, 1)), "S0")
+    lat, tr = 30e-6, 12_500 / (10e9 / 8)
+    lb = mc.lower_bound_details(task, topo)
+    assert lb.rank_s == pytest.approx(4 * (lat + tr), rel=1e-12)
+    for strategy, balance in [(None, "auto"), ("broadcast", "none")]:
+        plan = mc.plan(task, topo, strategy=strategy, balance=balance)
+        assert mc.simulate(plan).time_s == pytest.approx(4 * (lat + tr), rel=1e-9)
+
+
+def _exchange_items():
+    """2 one-rank source hosts x 2 one-rank destination hosts, each pair one equal slice."""
+    task, topo = _p3_task((64, 64), "float32", mc.Mesh.from_range(0, (2, 1)), "S0R",
+                          mc.Mesh.from_range(2, (2, 1)), "RS0")
+    slices = list(balance_mod.iter_slices(task))
+    items, _ = balance_mod._own_items(task, topo, slices, mc.lower_bound_details(task, topo),
+                                      stripe=False, chunk=False, p2p=True)
+    return task, topo, items
+
+
+def test_nic_slots_rounds_share_no_nic():
+    task, topo, items = _exchange_items()
+    ops = balance_mod._nic_slots(items)
+    assert sorted(map(repr, ops)) == sorted(repr(it.op) for it in items)
+    for rnd in (ops[:2], ops[2:]):  # two rounds of two host-disjoint sends
+        assert len({r for op in rnd for r in op.ranks()}) == 4
+    lat, tr = 30e-6, 32 * 32 * 4 / (10e9 / 8)
+    plan = mc.Plan(task, tuple(ops), "broadcast", "auto", topo)
+    assert mc.simulate(plan).time_s == pytest.approx(2 * (lat + tr), rel=1e-9)
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_dispatch_orders_are_permutations_and_deterministic(seeded):
+    _, _, items = _exchange_items()
+    lat = 30e-6
+    runs = [
+        balance_mod._dispatch_nd(items, lat, np.random.default_rng([1, 2]) if seeded else None)
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+    assert sorted(map(repr, runs[0])) == sorted(repr(it.op) for it in items)
+    assert sorted(map(repr, balance_mod._dispatch(items, lat))) == sorted(map(repr, runs[0]))

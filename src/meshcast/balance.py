@@ -11,12 +11,15 @@ when its sender host and all its receiver hosts are free and occupies them for s
 ``"auto"``: senders from the outbound LP of :mod:`meshcast.lower_bound` rounded slice by slice,
 optional striping (a slice held on several hosts or NICs is cut into parts sent by different
 senders), optional chunking, per-slice choice of broadcast or point-to-point, and list
-scheduling; several variants plus every fixed strategy x balance plan are simulated and the
-fastest is kept. See ``docs/scheduling.md``.
+scheduling (round colourings by rank, or by rank and NIC; list schedules; earliest-start and
+non-delay dispatch with NICs held only while bytes move; seeded non-delay trials); every variant
+plus every fixed strategy x balance plan is simulated and the fastest is kept. See
+``docs/scheduling.md``.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Iterator
@@ -32,6 +35,8 @@ from .topology import Topology
 
 __all__ = [
     "AUTO_SIM_LIMIT",
+    "AUTO_TRIALS",
+    "AUTO_TRIAL_BUDGET",
     "ORDER_NODE_BUDGET",
     "ORDER_TRIALS",
     "SEARCH_MAX_JOBS",
@@ -53,6 +58,10 @@ SEARCH_MAX_JOBS = 12
 """The search runs when an instance has at most this many network transfers."""
 AUTO_SIM_LIMIT = 20_000
 """Above this many unit-slice transfers ``"auto"`` builds one plan and simulates no candidate."""
+AUTO_TRIALS = 16
+"""Seeded non-delay dispatch trials (perturbed priorities) per sender choice of ``"auto"``."""
+AUTO_TRIAL_BUDGET = 30_000
+"""Items all those trials may schedule together (so each trial's simulation stays bounded)."""
 
 _GBIT = 1e9 / 8
 
@@ -592,7 +601,7 @@ def _least(holders: tuple[int, ...], host: int, nets: _Nets) -> int:
     )
 
 
-def _list_schedule(items: list[_Item], priority: str) -> list[Op]:
+def _list_schedule(items: list[_Item], priority: str, lat: float = 0.0) -> list[Op]:
     """Place items greedily (each at the time all its ranks and NICs are free) in priority
     order; the plan lists them by that start time.
 
@@ -600,6 +609,12 @@ def _list_schedule(items: list[_Item], priority: str) -> list[Op]:
     which none of its ranks is busy (rounds are bit masks per rank), so every round keeps as many
     ranks busy at once as possible; the plan lists the rounds in turn.
     """
+    if priority == "dispatch":
+        return _dispatch(items, lat)
+    if priority == "nondelay":
+        return _dispatch_nd(items, lat)
+    if priority == "nicslots":
+        return _nic_slots(items)
     if priority == "slots":
         used: dict[int, int] = {}
         slot = [0] * len(items)
@@ -654,6 +669,157 @@ def _list_schedule(items: list[_Item], priority: str) -> list[Op]:
     return [items[i].op for i in sorted(range(len(items)), key=lambda i: (start[i], rank_of[i]))]
 
 
+def _nic_slots(items: list[_Item]) -> list[Op]:
+    """Rounds in which every rank *and every NIC direction* appears at most once.
+
+    Items, largest first, go into the first round in which none of their ranks and none of
+    their NIC resources is taken (bit masks per rank and per NIC direction); the plan lists the
+    rounds in turn. Within a round no two transfers share a NIC, so each moves at its NIC's full
+    rate (the open-shop view: sender NIC x receiver NIC is a bipartite multigraph, each round a
+    matching of it).
+    """
+    used_rank: dict[int, int] = {}
+    used_nic: dict[int, int] = {}
+    slot = [0] * len(items)
+    for i in sorted(range(len(items)), key=lambda i: (-items[i].dur, items[i].order)):
+        it = items[i]
+        u = 0
+        for r in it.ranks:
+            u |= used_rank.get(r, 0)
+        for k in it.nics:
+            u |= used_nic.get(k, 0)
+        bit = ~u & (u + 1)
+        for r in it.ranks:
+            used_rank[r] = used_rank.get(r, 0) | bit
+        for k in it.nics:
+            used_nic[k] = used_nic.get(k, 0) | bit
+        slot[i] = bit.bit_length()
+    return [
+        items[i].op
+        for i in sorted(range(len(items)), key=lambda i: (slot[i], -items[i].dur, items[i].order))
+    ]
+
+
+def _dispatch(items: list[_Item], lat: float) -> list[Op]:
+    """Earliest-start dispatch: repeatedly start the item that can start first.
+
+    Model: an item holds its ranks for its whole duration (latency + transfer) and its NIC
+    directions only while it moves bytes (from ``latency`` after its start), so one rank's
+    start-up overlaps another rank's transfer on the same NIC. Among items that can start at
+    the same time, the one whose busiest resource (rank or NIC direction) has the most work in
+    total goes first. The plan lists items by start time. A lazy heap keeps this
+    O(n log n) (an item's earliest start only grows).
+    """
+    load: dict[tuple[int, int], float] = {}
+    for it in items:
+        for r in it.ranks:
+            load[(0, r)] = load.get((0, r), 0.0) + it.dur
+        for k in it.nics:
+            load[(1, k)] = load.get((1, k), 0.0) + it.dur - lat
+    crit = [
+        max(
+            max((load[(0, r)] for r in it.ranks), default=0.0),
+            max((load[(1, k)] for k in it.nics), default=0.0),
+        )
+        for it in items
+    ]
+    free_rank: dict[int, float] = {}
+    free_nic: dict[int, float] = {}
+
+    def earliest(it: _Item) -> float:
+        s = 0.0
+        for r in it.ranks:
+            v = free_rank.get(r, 0.0)
+            if v > s:
+                s = v
+        for k in it.nics:  # bytes move from s + lat on
+            v = free_nic.get(k, 0.0) - lat
+            if v > s:
+                s = v
+        return s
+
+    heap = [(0.0, -crit[i], items[i].order, i) for i in range(len(items))]
+    heapq.heapify(heap)
+    out: list[Op] = []
+    while heap:
+        s0, c, o, i = heapq.heappop(heap)
+        it = items[i]
+        s = earliest(it)
+        if s > s0 + 1e-15:
+            heapq.heappush(heap, (s, c, o, i))
+            continue
+        e = s + it.dur
+        for r in it.ranks:
+            free_rank[r] = e
+        for k in it.nics:
+            free_nic[k] = e
+        out.append(it.op)
+    return out
+
+
+def _dispatch_nd(
+    items: list[_Item], lat: float, rng: np.random.Generator | None = None
+) -> list[Op]:
+    """Non-delay dispatch, as the runtime runs: an item starts as soon as all its ranks are
+    free. Repeatedly take the item that can start first; among those, the one whose NICs are
+    free soonest (transfers queue on a NIC in this estimate), then the one whose busiest
+    resource has the most work (with ``rng``: that work scaled by a random factor in [1, 2), for
+    seeded trials). Lazy heap: an item's key only grows."""
+    crit = _crit(items, lat)
+    if rng is not None:
+        crit = [c * (1.0 + u) for c, u in zip(crit, rng.random(len(crit)).tolist())]
+    free_rank: dict[int, float] = {}
+    free_nic: dict[int, float] = {}
+
+    def key(it: _Item) -> tuple[float, float]:
+        s = 0.0
+        for r in it.ranks:
+            v = free_rank.get(r, 0.0)
+            if v > s:
+                s = v
+        wait = 0.0
+        for k in it.nics:
+            v = free_nic.get(k, 0.0) - s - lat
+            if v > wait:
+                wait = v
+        return s, wait
+
+    heap = [(0.0, 0.0, -crit[i], items[i].order, i) for i in range(len(items))]
+    heapq.heapify(heap)
+    out: list[Op] = []
+    while heap:
+        s0, w0, c, o, i = heapq.heappop(heap)
+        it = items[i]
+        s, w = key(it)
+        if s > s0 or w > w0:
+            heapq.heappush(heap, (s, w, c, o, i))
+            continue
+        e = s + w + it.dur
+        for r in it.ranks:
+            free_rank[r] = e
+        for k in it.nics:
+            free_nic[k] = e
+        out.append(it.op)
+    return out
+
+
+def _crit(items: list[_Item], lat: float) -> list[float]:
+    """Per item: the total work of its busiest resource (rank, or NIC direction)."""
+    load: dict[tuple[int, int], float] = {}
+    for it in items:
+        for r in it.ranks:
+            load[(0, r)] = load.get((0, r), 0.0) + it.dur
+        for k in it.nics:
+            load[(1, k)] = load.get((1, k), 0.0) + it.dur - lat
+    return [
+        max(
+            max((load[(0, r)] for r in it.ranks), default=0.0),
+            max((load[(1, k)] for k in it.nics), default=0.0),
+        )
+        for it in items
+    ]
+
+
 _OWN_VARIANTS: tuple[tuple[bool, bool, str], ...] = (
     (True, False, "slots"),
     (True, True, "slots"),
@@ -664,6 +830,15 @@ _OWN_VARIANTS: tuple[tuple[bool, bool, str], ...] = (
     (True, False, "lpt"),
     (True, True, "lpt"),
     (False, False, "lpt"),
+    (True, False, "dispatch"),
+    (True, True, "dispatch"),
+    (False, False, "dispatch"),
+    (True, False, "nondelay"),
+    (True, True, "nondelay"),
+    (False, False, "nondelay"),
+    (True, False, "nicslots"),
+    (True, True, "nicslots"),
+    (False, False, "nicslots"),
 )
 """(stripe, chunk, priority) of the plans of our own method that ``"auto"`` tries."""
 
@@ -744,15 +919,28 @@ def auto_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Pl
     slices = list(iter_slices(task))
     transfers = sum(len(s.remote) for s in slices)
     lbd = lower_bound_details(task, topology)
+    lat = topology.latency_us * 1e-6
     candidates: list[tuple[str, str, tuple[Op, ...], tuple]] = []
     if strategy in (None, "broadcast"):
         variants = _OWN_VARIANTS if transfers <= AUTO_SIM_LIMIT else _OWN_VARIANTS[:1]
+        built: dict[tuple[bool, bool], tuple[list[_Item], str]] = {}
         for stripe, chunk, priority in variants:
-            items, used_p2p = _own_items(
-                task, topology, slices, lbd, stripe=stripe, chunk=chunk, p2p=strategy is None
+            if (stripe, chunk) not in built:
+                items, used_p2p = _own_items(
+                    task, topology, slices, lbd, stripe=stripe, chunk=chunk, p2p=strategy is None
+                )
+                built[(stripe, chunk)] = (items, "auto" if used_p2p else "broadcast")
+            items, label = built[(stripe, chunk)]
+            candidates.append(
+                (label, "own", tuple(_list_schedule(items, priority, lat)), ())
             )
-            label = "auto" if used_p2p else "broadcast"
-            candidates.append((label, "own", tuple(_list_schedule(items, priority)), ()))
+        if transfers <= AUTO_SIM_LIMIT:
+            # seeded non-delay trials with perturbed priorities, within a budget of items
+            for c, (items, label) in enumerate(built.values()):
+                trials = min(AUTO_TRIALS, AUTO_TRIAL_BUDGET // (len(built) * max(len(items), 1)))
+                for k in range(trials):
+                    rng = np.random.default_rng([SEED, c, k])
+                    candidates.append((label, "own", tuple(_dispatch_nd(items, lat, rng)), ()))
     if transfers <= AUTO_SIM_LIMIT or not candidates:
         for s in STRATEGIES if strategy is None else (strategy,):
             for b in ("none", "size", "order"):

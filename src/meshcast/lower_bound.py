@@ -12,8 +12,17 @@
   after another, each paying ``latency_us``. So a receiver needing n unit slices it does not hold
   takes at least ``n * latency + bytes / fastest link``. On the sending side, the k holders of a
   source tile (they hold no other tile) must run at least one operation per slice of it that
-  must move, so one of them runs ``ceil(n / k)``. This term matters for small tensors cut into
-  many small slices.
+  must move, so one of them runs ``ceil(n / k)``; and together they spend at least
+  ``latency + bytes / B_out`` (one NIC's rate) on each such slice none of whose receivers sits on
+  a holder host. These terms matter for small tensors cut into many small slices.
+* Per host (rank time): the ranks of host h are busy at most ``|ranks of h| * T`` together. A
+  slice that k ranks of h lack costs them at least ``k*lat + tr + min((k-1)*tr, lat)`` if no rank
+  of h holds it and ``k*lat + min(k*tr, lat)`` if one does (``tr`` = bytes over one inbound NIC
+  of h): every receiver pays a latency; either all of them are busy while the bytes cross into h,
+  or an intra-host operation (sender a holder, or an AllGather member that received a part
+  before) pays one more latency. A slice held on h alone and needed elsewhere costs the ranks of
+  h ``lat + bytes / B_out``. Proof in ``docs/scheduling.md``; it needs every operation to carry
+  data of one unit slice at most, which every plan of :func:`meshcast.plan` does.
 
 The bound holds for every plan the simulator can run; ``efficiency = lower_bound / time``.
 """
@@ -47,6 +56,7 @@ class LowerBound:
     groups: tuple[tuple[int, ...], ...]
     group_bytes: tuple[int, ...]
     fractions: tuple[tuple[float, ...], ...]
+    host_s: float = 0.0
 
 
 def _host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts: int) -> np.ndarray:
@@ -89,9 +99,12 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     keep = [g for g in range(len(groups)) if group_bytes[g] > 0]
     outbound, fractions = _outbound_lp([groups[g] for g in keep], group_bytes[keep], b_out)
     latency = topology.latency_us * 1e-6 if (inbound > 0 or outbound > 0) else 0.0
-    rank = _rank_bound(task, topology, s, t, nbytes)
+    rank = _rank_bound(task, topology, s, t, nbytes, held, wanted)
+    host = _host_bound(task, topology, s, t, nbytes, held, wanted)
     return LowerBound(
-        seconds=max(max(inbound, outbound) * (1 - 1e-9) + latency, rank * (1 - 1e-9)),
+        seconds=max(
+            max(inbound, outbound) * (1 - 1e-9) + latency, max(rank, host) * (1 - 1e-9)
+        ),
         inbound_s=inbound,
         outbound_s=outbound,
         latency_s=latency,
@@ -100,6 +113,7 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
         groups=tuple(groups[g] for g in keep),
         group_bytes=tuple(round(float(group_bytes[g])) for g in keep),
         fractions=fractions,
+        host_s=host,
     )
 
 
@@ -112,9 +126,16 @@ def _rank_matrix(tiles: list[tuple[int, ...]], index: dict[int, int]) -> np.ndar
 
 
 def _rank_bound(
-    task: ReshardTask, topology: Topology, s: np.ndarray, t: np.ndarray, nbytes: np.ndarray
+    task: ReshardTask,
+    topology: Topology,
+    s: np.ndarray,
+    t: np.ndarray,
+    nbytes: np.ndarray,
+    held_host: np.ndarray,
+    wanted_host: np.ndarray,
 ) -> float:
-    """The per-rank latency bound (module doc); ``s, t, nbytes``: unit slices by tile pair."""
+    """The per-rank latency bound (module doc); ``s, t, nbytes``: unit slices by tile pair;
+    ``held_host`` / ``wanted_host``: tile x host, some rank of the host holds / needs the tile."""
     lat = topology.latency_us * 1e-6
     dec = task.decomposition
     ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
@@ -144,7 +165,64 @@ def _rank_bound(
     ) * _GBIT
     per_rank = n_recv * lat + b_recv / fastest
     per_tile = n_send * lat + b_send / fastest
-    return float(max(per_rank.max(initial=0.0), per_tile.max(initial=0.0)))
+    # senders, with NIC rates: a slice no receiver of which sits on a holder host crosses a NIC
+    # in every operation that carries it, at most at the fastest single outbound NIC's rate
+    nic = max(topology.nic_out_gbps) * _GBIT
+    cross = ~(wanted_host[t] & held_host[s]).any(axis=1)
+    busy = lat + nbytes / np.where(cross, nic, fastest)
+    per_tile_nic = np.bincount(s[lacks], weights=busy[lacks], minlength=len(held)) / holders
+    return float(
+        max(per_rank.max(initial=0.0), per_tile.max(initial=0.0), per_tile_nic.max(initial=0.0))
+    )
+
+
+def _host_bound(
+    task: ReshardTask,
+    topology: Topology,
+    s: np.ndarray,
+    t: np.ndarray,
+    nbytes: np.ndarray,
+    held_host: np.ndarray,
+    wanted_host: np.ndarray,
+) -> float:
+    """The per-host rank-time bound (module doc). ``s, t, nbytes``: unit slices by tile pair;
+    ``held_host`` / ``wanted_host``: tile x host, some rank of the host holds / needs the tile."""
+    if not len(s):
+        return 0.0
+    lat = topology.latency_us * 1e-6
+    dec = task.decomposition
+    host_of = topology._host_of
+    size = np.array([len(r) for r in topology.hosts], dtype=float)
+    ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
+    index = {r: i for i, r in enumerate(ranks)}
+    rank_host = np.array([host_of[r] for r in ranks])
+    held = _rank_matrix(dec.holders_of_tile, index)  # src tile x rank
+    wanted = _rank_matrix(dec.receivers_of_tile, index)  # dst tile x rank
+    best = 0.0
+    # receiving: k ranks of host h lack the slice
+    for h in np.flatnonzero(wanted_host.any(axis=0)).tolist():
+        cols = np.flatnonzero(rank_host == h)
+        k = wanted[:, cols].sum(axis=1)[t]
+        held_h = held[:, cols]
+        if held_h.any():
+            k = k - (held_h @ wanted[:, cols].T)[s, t]
+        tr = nbytes / (topology.nic_in_gbps[h] * _GBIT)
+        recv = np.where(
+            held_host[s, h],
+            k * lat + np.minimum(k * tr, lat),
+            k * lat + tr + np.minimum((k - 1) * tr, lat),
+        )
+        best = max(best, float(recv[k > 0].sum()) / size[h])
+    # sending: slices held on one host alone that some other host needs
+    alone = held_host[s].sum(axis=1) == 1
+    away = (wanted_host[t] & ~held_host[s]).any(axis=1)
+    go = np.flatnonzero(alone & away)
+    if len(go):
+        owner = held_host[s[go]].argmax(axis=1)
+        nic_out = np.array(topology.nic_out_gbps) * _GBIT
+        busy = np.bincount(owner, weights=lat + nbytes[go] / nic_out[owner], minlength=len(size))
+        best = max(best, float((busy / size).max()))
+    return best
 
 
 def _outbound_lp(

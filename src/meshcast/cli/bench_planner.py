@@ -121,11 +121,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"suite: {args.tasks} random tasks (seed {args.seed}) + 8 paper cases, "
           f"preset {args.preset}")
     print(f"{'strategy/balance':<20} {'geomean':>8} {'worst':>8} {'paper max':>10} "
-          f"{'plan s':>8}")
+          f"{'plan s':>8} {'min':>7}")
     for label in ratios:
         r, pr = ratios[label], paper_ratios[label]
         print(f"{label:<20} {_geomean(r):>8.3f} {max(r):>8.3f} {max(pr):>10.3f} "
-              f"{seconds[label]:>8.1f}")
+              f"{seconds[label]:>8.1f} {min(r + pr):>7.3f}")
+    print("(min: the smallest ratio of any task, paper cases included; below 1 would mean a plan "
+          "beat the lower bound)")
     print("\npaper cases, simulated / lower bound:")
     print(f"{'case':<24}" + "".join(f"{lab:>16}" for lab in paper_ratios))
     for k, (name, _, _) in enumerate(paper):
