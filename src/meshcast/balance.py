@@ -22,15 +22,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
 
-from .layout import Box, box_size
+from .layout import Box, box_size, split_box
 from .lower_bound import lower_bound_details
 from .plan import AllGather, Broadcast, Copy, Op, Plan, Send
-from .task import ReshardTask
+from .task import ReshardTask, SliceInfo, iter_slices
 from .topology import Topology
 
 __all__ = [
@@ -66,27 +65,6 @@ AUTO_TRIAL_BUDGET = 30_000
 _GBIT = 1e9 / 8
 
 
-def split_box(box: Box, k: int) -> tuple[Box, ...] | None:
-    """``box`` cut into ``k`` non-empty parts along its longest dimension, or None if too small.
-
-    Part sizes follow ``numpy.array_split`` (the first parts one longer).
-    """
-    if not box:
-        return None
-    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
-    lo, hi = box[dim].start, box[dim].stop
-    n = hi - lo
-    if n < k:
-        return None
-    small, extra = divmod(n, k)
-    parts, start = [], lo
-    for i in range(k):
-        stop = start + small + (i < extra)
-        parts.append((*box[:dim], slice(start, stop), *box[dim + 1 :]))
-        start = stop
-    return tuple(parts)
-
-
 def _split_weighted(box: Box, weights: list[float]) -> list[Box | None]:
     """``box`` cut along its longest dimension in proportion to ``weights`` (None: empty part)."""
     dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
@@ -102,37 +80,6 @@ def _split_weighted(box: Box, weights: list[float]) -> list[Box | None]:
         (*box[:dim], slice(a, b), *box[dim + 1 :]) if b > a else None
         for a, b in itertools.pairwise(cuts)
     ]
-
-
-class SliceInfo(NamedTuple):
-    """One unit slice as the planner sees it."""
-
-    index: int
-    box: Box
-    nbytes: int
-    holders: tuple[int, ...]
-    local: tuple[int, ...]  # receivers that hold it already (a Copy)
-    remote: tuple[int, ...]  # receivers that need it moved
-
-
-def iter_slices(task: ReshardTask) -> Iterator[SliceInfo]:
-    """The unit slices of ``task`` with their holders and receivers split into local / remote."""
-    dec = task.decomposition
-    itemsize = task.itemsize
-    cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    sizes = dec.sizes().tolist()
-    holders_of, receivers_of = dec.holders_of_tile, dec.receivers_of_tile
-    for i, (box, s, t) in enumerate(zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())):
-        split = cache.get((s, t))
-        if split is None:
-            holders = set(holders_of[s])
-            receivers = receivers_of[t]
-            split = (
-                tuple(r for r in receivers if r in holders),
-                tuple(r for r in receivers if r not in holders),
-            )
-            cache[(s, t)] = split
-        yield SliceInfo(i, box, sizes[i] * itemsize, holders_of[s], split[0], split[1])
 
 
 class _Job(NamedTuple):

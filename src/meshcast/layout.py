@@ -22,7 +22,16 @@ import numpy as np
 from ._checks import as_index, as_shape
 from .mesh import Mesh
 
-__all__ = ["Box", "Layout", "Placement", "Replicate", "Shard", "box_shape", "box_size"]
+__all__ = [
+    "Box",
+    "Layout",
+    "Placement",
+    "Replicate",
+    "Shard",
+    "box_shape",
+    "box_size",
+    "split_box",
+]
 
 Box = tuple[slice, ...]
 """A rectangular region of a tensor: one ``slice(start, stop)`` per dimension."""
@@ -59,6 +68,27 @@ def box_size(box: Box) -> int:
     for s in box:
         n *= s.stop - s.start
     return n
+
+
+def split_box(box: Box, k: int) -> tuple[Box, ...] | None:
+    """``box`` cut into ``k`` non-empty parts along its longest dimension, or None if too small.
+
+    Part sizes follow ``numpy.array_split`` (the first parts one longer).
+    """
+    if not box:
+        return None
+    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
+    lo, hi = box[dim].start, box[dim].stop
+    n = hi - lo
+    if n < k:
+        return None
+    small, extra = divmod(n, k)
+    parts, start = [], lo
+    for i in range(k):
+        stop = start + small + (i < extra)
+        parts.append((*box[:dim], slice(start, stop), *box[dim + 1 :]))
+        start = stop
+    return tuple(parts)
 
 
 def _parse_spec(spec: str, mesh: Mesh) -> tuple[tuple[int, ...], ...]:

@@ -71,11 +71,7 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     """The lower bound with its parts (see :class:`LowerBound`)."""
     if not isinstance(task, ReshardTask):
         raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
-    if topology is None:
-        topology = Topology.from_meshes(task.src.mesh, task.dst.mesh)
-    elif not isinstance(topology, Topology):
-        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
-    topology.covers(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
+    topology = Topology.resolve(topology, task.src.mesh, task.dst.mesh)
     dec = task.decomposition
     n_hosts = topology.num_hosts
     host_of = topology._host_of

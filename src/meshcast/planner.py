@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from .layout import Box
+from .layout import split_box
 from .plan import AllGather, Broadcast, Copy, Op, Plan, Send
-from .task import ReshardTask
+from .task import ReshardTask, iter_slices
 from .topology import Topology
 
 __all__ = ["BALANCES", "STRATEGIES", "plan"]
@@ -24,24 +24,6 @@ holder (the paper's "Naive"); ``"size"`` the holder on the host that has sent th
 far ("Load balance only"); ``"order"`` chooses senders and order jointly (the paper's "Ours":
 seeded greedy rounds plus a bounded search, :mod:`meshcast.balance`); ``"auto"`` is our method
 (LP senders, striping, per-slice strategy, list scheduling, checked by simulation)."""
-
-
-def _split(box: Box, k: int) -> tuple[Box, ...] | None:
-    """``box`` cut into ``k`` non-empty parts along its longest dimension, or None if too small."""
-    if not box:
-        return None
-    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
-    lo, hi = box[dim].start, box[dim].stop
-    n = hi - lo
-    if n < k:
-        return None
-    small, extra = divmod(n, k)  # numpy.array_split sizes: the first `extra` parts one longer
-    parts, start = [], lo
-    for i in range(k):
-        stop = start + small + (i < extra)
-        parts.append((*box[:dim], slice(start, stop), *box[dim + 1 :]))
-        start = stop
-    return tuple(parts)
 
 
 class _SenderChooser:
@@ -93,11 +75,7 @@ def plan(
         raise ValueError(f"strategy={strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")
     if balance not in BALANCES:
         raise ValueError(f"balance={balance!r} is unknown; choose one of {', '.join(BALANCES)}")
-    if topology is None:
-        topology = Topology.from_meshes(task.src.mesh, task.dst.mesh)
-    elif not isinstance(topology, Topology):
-        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
-    topology.covers(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
+    topology = Topology.resolve(topology, task.src.mesh, task.dst.mesh)
     if balance == "auto":
         from .balance import auto_plan
 
@@ -108,35 +86,17 @@ def plan(
 
         return order_plan(task, topology, strategy)
 
-    dec = task.decomposition
-    itemsize = task.itemsize
-    choose = _SenderChooser(balance, topology, itemsize)
+    choose = _SenderChooser(balance, topology, task.itemsize)
     host_of = topology._host_of
     emit_slice = _STRATEGY_EMITTERS[strategy]
     ops: list[Op] = []
     fallbacks: list[tuple[int, str]] = []
-    # (src tile, dst tile) -> (local copies, receivers that need the data over the network)
-    pair_cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    sizes = dec.sizes().tolist()
-    for i, (box, s, t) in enumerate(zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())):
-        key = (s, t)
-        split = pair_cache.get(key)
-        if split is None:
-            holders = set(dec.holders_of_tile[s])
-            receivers = dec.receivers_of_tile[t]
-            split = (
-                tuple(r for r in receivers if r in holders),
-                tuple(r for r in receivers if r not in holders),
-            )
-            pair_cache[key] = split
-        local, remote = split
-        for r in local:
-            ops.append(Copy(r, box))
-        if remote:
-            holders = dec.holders_of_tile[s]
-            emit_slice(
-                ops, fallbacks, i, box, holders, remote, sizes[i] * itemsize, choose, host_of
-            )
+    for sl in iter_slices(task):
+        for r in sl.local:
+            ops.append(Copy(r, sl.box))
+        if sl.remote:
+            emit_slice(ops, fallbacks, sl.index, sl.box, sl.holders, sl.remote, sl.nbytes, choose,
+                       host_of)
     return Plan(task, tuple(ops), strategy, balance, topology, tuple(fallbacks))
 
 
@@ -158,7 +118,7 @@ def _emit_allgather(ops, fallbacks, i, box, holders, remote, nbytes, choose, hos
     for r in remote:
         by_host.setdefault(host_of[r], []).append(r)
     for h, group in by_host.items():
-        parts = _split(box, len(group)) if len(group) > 1 else None
+        parts = split_box(box, len(group)) if len(group) > 1 else None
         if parts is None:
             why = (
                 f"one receiver on host {h}"

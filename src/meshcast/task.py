@@ -10,7 +10,7 @@ per dimension and vectorised, so 100,000 unit slices take milliseconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -21,7 +21,7 @@ from ._checks import as_shape
 from .dtypes import DTypeLike, dtype_name, itemsize, numpy_dtype
 from .layout import Box, Layout, box_size
 
-__all__ = ["Decomposition", "ReshardTask", "UnitSlice"]
+__all__ = ["Decomposition", "ReshardTask", "SliceInfo", "UnitSlice", "iter_slices"]
 
 
 class UnitSlice(NamedTuple):
@@ -42,6 +42,37 @@ def _ranks_per_tile(layout: Layout, ndim: int) -> list[tuple[int, ...]]:
     devices = np.asarray(layout.mesh.devices, dtype=np.int64)[order]
     bounds = np.searchsorted(flat[order], np.arange(math.prod(counts) + 1))
     return [tuple(devices[bounds[t] : bounds[t + 1]].tolist()) for t in range(len(bounds) - 1)]
+
+
+class SliceInfo(NamedTuple):
+    """One unit slice as the planner sees it."""
+
+    index: int
+    box: Box
+    nbytes: int
+    holders: tuple[int, ...]
+    local: tuple[int, ...]  # receivers that hold it already (a Copy)
+    remote: tuple[int, ...]  # receivers that need it moved
+
+
+def iter_slices(task: ReshardTask) -> Iterator[SliceInfo]:
+    """The unit slices of ``task`` with their holders and receivers split into local / remote."""
+    dec = task.decomposition
+    itemsize = task.itemsize
+    cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    sizes = dec.sizes().tolist()
+    holders_of, receivers_of = dec.holders_of_tile, dec.receivers_of_tile
+    for i, (box, s, t) in enumerate(zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())):
+        split = cache.get((s, t))
+        if split is None:
+            holders = set(holders_of[s])
+            receivers = receivers_of[t]
+            split = (
+                tuple(r for r in receivers if r in holders),
+                tuple(r for r in receivers if r not in holders),
+            )
+            cache[(s, t)] = split
+        yield SliceInfo(i, box, sizes[i] * itemsize, holders_of[s], split[0], split[1])
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,17 @@ class Topology:
                     seen.update(new)
         return cls(tuple(hosts), **kwargs)
 
+    @classmethod
+    def resolve(cls, topology: Topology | None, *meshes: Mesh) -> Topology:
+        """``topology``, or the paper's convention (:meth:`from_meshes`) when it is None; checked
+        to place every rank of ``meshes``."""
+        if topology is None:
+            topology = cls.from_meshes(*meshes)
+        elif not isinstance(topology, Topology):
+            raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
+        topology.covers({r for mesh in meshes for r in mesh.devices})
+        return topology
+
     # -- queries ----------------------------------------------------------------------------
     @property
     def num_hosts(self) -> int:

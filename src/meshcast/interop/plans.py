@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..layout import Box, box_size
+from ..layout import Box, box_size, split_box
 from ..plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
 from ..planner import plan as plan_one
-from ..task import ReshardTask
+from ..task import ReshardTask, iter_slices
 from ..topology import Topology
 
 __all__ = [
@@ -66,25 +66,6 @@ def default_topology(tasks: Sequence[ReshardTask]) -> Topology:
     return Topology.from_meshes(*meshes)
 
 
-def _split_slices(task: ReshardTask):
-    """(slice index, box, nbytes, holders, local receivers, remote receivers) of ``task``."""
-    dec = task.decomposition
-    sizes = dec.sizes().tolist()
-    itemsize = task.itemsize
-    cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    for i, (box, s, t) in enumerate(zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())):
-        split = cache.get((s, t))
-        if split is None:
-            holders = set(dec.holders_of_tile[s])
-            receivers = dec.receivers_of_tile[t]
-            split = (
-                tuple(r for r in receivers if r in holders),
-                tuple(r for r in receivers if r not in holders),
-            )
-            cache[(s, t)] = split
-        yield i, box, sizes[i] * itemsize, dec.holders_of_tile[s], split[0], split[1]
-
-
 def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str) -> list[Plan]:
     host_of = topology._host_of
     out_rate = [g * _GBIT for g in topology.nic_out_gbps]
@@ -96,10 +77,10 @@ def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str
     per_task: list[list[tuple[int, Box, tuple[int, ...], tuple[int, ...]]]] = []
     for k, task in enumerate(tasks):
         slices = []
-        for i, box, nbytes, holders, local, remote in _split_slices(task):
-            slices.append((i, box, local, remote))
-            if remote:
-                jobs.append((-nbytes, k, i, holders, remote))
+        for sl in iter_slices(task):
+            slices.append((sl.index, sl.box, sl.local, sl.remote))
+            if sl.remote:
+                jobs.append((-sl.nbytes, k, sl.index, sl.holders, sl.remote))
         per_task.append(slices)
     jobs.sort(key=lambda j: (j[0], j[1], j[2]))
     sender: dict[tuple[int, int], int] = {}
@@ -294,17 +275,10 @@ def _expand(op: Op, host_of: dict[int, int]) -> list[_Xfer]:
     raise TypeError(f"plan has an operation of unknown type {type(op).__name__}")
 
 
-def _split(box: Box, k: int) -> list[Box]:
-    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
-    lo, hi = box[dim].start, box[dim].stop
-    k = max(1, min(k, hi - lo))
-    small, extra = divmod(hi - lo, k)
-    parts, start = [], lo
-    for i in range(k):
-        stop = start + small + (i < extra)
-        parts.append((*box[:dim], slice(start, stop), *box[dim + 1 :]))
-        start = stop
-    return parts
+def _split_for_bucket(box: Box, k: int) -> tuple[Box, ...]:
+    """``box`` in ``k`` parts, fewer where the box is shorter than ``k``."""
+    longest = max(s.stop - s.start for s in box)
+    return split_box(box, max(1, min(k, longest))) or (box,)
 
 
 def _staging(xfers: list[_Xfer], itemsize: int) -> dict[int, int]:
@@ -358,7 +332,7 @@ def build_schedule(plans: Sequence[Plan], bucket_bytes: int = DEFAULT_BUCKET_BYT
             worst = max(need.values(), default=0)
             pieces = [xfers]
             if worst > bucket_bytes and not isinstance(op, AllGather):
-                parts = _split(op.box, -(-worst // bucket_bytes))
+                parts = _split_for_bucket(op.box, -(-worst // bucket_bytes))
                 pieces = [
                     [x._replace(box=part) for x in xfers] for part in parts
                 ]
