@@ -138,7 +138,7 @@ def _job(rank: int) -> dict:
 
     topology = meshcast.detect_topology()
     assert topology == TOPOLOGY
-    report: dict = {"results": {}, "cross": {}, "errors": {}}
+    report: dict = {"results": {}, "small": {}, "cross": {}, "errors": {}}
     for strategy in STRATEGIES:
         for name, task, noncontig in _cases():
             p = plan(task, topology, strategy=strategy)
@@ -147,6 +147,9 @@ def _job(rank: int) -> dict:
             # tiny chunks and budget exercise chunking, relays and packing
             out = meshcast.reshard(local, p, chunk_bytes=96, timeout=60)
             report["results"][strategy, name] = _bytes(out)
+            # a budget of ~5 chunks: ranks wait for memory mid-operation (once a deadlock)
+            out = meshcast.reshard(local, p, chunk_bytes=96, max_inflight_bytes=512, timeout=60)
+            report["small"][strategy, name] = _bytes(out)
 
     # the same plan twice with default chunking: groups are cached, not re-created
     name, task, _ = _cases()[1]
@@ -212,15 +215,18 @@ def job() -> list[dict]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("budget", ["default", "small"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_case_is_byte_exact(job: list[dict], strategy: str) -> None:
+def test_every_case_is_byte_exact(job: list[dict], strategy: str, budget: str) -> None:
+    # small: max_inflight_bytes=512 with 96-byte chunks (packing buffers wait for memory)
+    key = "results" if budget == "default" else "small"
     cases = _cases()
     assert len(cases) >= 12
     for name, task, _ in cases:
         p = plan(task, TOPOLOGY, strategy=strategy)
         expected = execute_local(p, scatter(_global(task), task.src))
         for rank in range(WORLD):
-            got = job[rank]["results"][strategy, name]
+            got = job[rank][key][strategy, name]
             if rank in expected:
                 assert got == expected[rank].tobytes(), f"{strategy} {name}: rank {rank} differs"
             else:

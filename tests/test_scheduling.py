@@ -270,3 +270,92 @@ def test_dispatch_orders_are_permutations_and_deterministic(seeded):
     assert runs[0] == runs[1]
     assert sorted(map(repr, runs[0])) == sorted(repr(it.op) for it in items)
     assert sorted(map(repr, balance_mod._dispatch(items, lat))) == sorted(map(repr, runs[0]))
+
+
+def _h100_like(task: mc.ReshardTask) -> mc.Topology:
+    """Hosts = mesh rows, one NIC per rank (no two ranks share a NIC)."""
+    return mc.Topology.from_meshes(task.src.mesh, task.dst.mesh, nics_per_host=8,
+                                   nic_in_gbps=400.0, nic_out_gbps=400.0, intra_gbps=3600.0,
+                                   latency_us=10.0)
+
+
+@pytest.mark.parametrize("specs", [
+    ((3, 2), "S0R", (2, 4), "RS1"),  # sends
+    ((2, 2), "S1R", (2, 4), "RR"),  # broadcasts across hosts with fan-out
+    ((2, 4), "RS0", (2, 4), "S0R"),  # same ranks: copies and intra-host sends
+    ((2, 4), "S0R", (2, 4), "S0R"),  # same ranks, same layout: copies only
+    ((4, 2), "S01R", (3, 2), "RS01"),  # complete sender x receiver graph: Latin-square rounds
+])
+def test_large_path_time_is_the_simulators(specs):
+    """With one NIC per rank no transfer shares a NIC; the round-by-round evaluation of the large
+    plan then gives the simulator's number exactly."""
+    (sm, ss, dm, ds) = specs
+    src = mc.Mesh.from_range(0, sm)
+    dst = mc.Mesh.from_range(0 if ds == "S0R" else src.size, dm)
+    task = mc.ReshardTask((48, 40), "float32", mc.Layout(src, ss), mc.Layout(dst, ds))
+    topo = _h100_like(task)
+    plan, exact = balance_mod._large_plan(task, topo)
+    assert exact is not None and exact == mc.simulate(plan).time_s
+    out = mc.execute_local(plan, mc.scatter(np.arange(48 * 40, dtype=np.float32).reshape(48, 40),
+                                            task.src))
+    assert np.array_equal(mc.gather(out, task.dst, task.shape),
+                          np.arange(48 * 40, dtype=np.float32).reshape(48, 40))
+    assert balance_mod._large_plan(task, mc.Topology.preset("p3.8xlarge", 8))[1] is None
+
+
+def _never_slower_than_fixed(task: mc.ReshardTask, topo: mc.Topology) -> mc.Plan:
+    auto = mc.plan(task, topo)
+    t = mc.simulate(auto).time_s
+    for s, b in FIXED:
+        fixed = mc.simulate(mc.plan(task, topo, strategy=s, balance=b)).time_s
+        assert t <= fixed * (1 + 2 * balance_mod.CERTIFY_TOL)
+    return auto
+
+
+def test_auto_above_sim_limit_certified_optimal():
+    """20,480 unit slices (above AUTO_SIM_LIMIT): every source rank sends to every destination
+    rank. The large plan's Latin-square rounds meet the lower bound, so auto keeps it without
+    simulating anything, and it is not slower than any of the nine fixed combinations."""
+    src = mc.Layout(mc.Mesh.from_range(0, (20, 8)), "S01R")
+    dst = mc.Layout(mc.Mesh.from_range(160, (16, 8)), "RS01")
+    task = mc.ReshardTask((640, 512), "float32", src, dst)
+    assert len(task.decomposition) > balance_mod.AUTO_SIM_LIMIT
+    topo = mc.Topology.preset("h100x8", 36)
+    large, exact = balance_mod._large_plan(task, topo)
+    assert exact <= mc.lower_bound(task, topo) * (1 + 2 * balance_mod.CERTIFY_TOL)
+    assert _never_slower_than_fixed(task, topo).ops == large.ops
+
+
+@pytest.mark.parametrize("number, preset", [(4, "p3.8xlarge"), (3, "h100x8")])
+def test_auto_above_sim_limit_falls_back_to_simulation(monkeypatch, number, preset):
+    """Above the limit (lowered here so the case stays small) and not certified (NICs shared on
+    p3.8xlarge; on h100x8 a large plan 3.3x the bound): the large plan and the nine fixed
+    combinations are simulated and the fastest is kept."""
+    monkeypatch.setattr(balance_mod, "AUTO_SIM_LIMIT", 2)
+    task = PAPER_CASES[number - 1].task("int32", scale=64)
+    topo = mc.Topology.preset(preset, 4)
+    assert len(task.decomposition) > balance_mod.AUTO_SIM_LIMIT
+    large, exact = balance_mod._large_plan(task, topo)
+    assert (exact is None) == (preset == "p3.8xlarge")
+    if exact is not None:
+        assert exact > mc.lower_bound(task, topo) * (1 + 2 * balance_mod.CERTIFY_TOL)
+    auto = _never_slower_than_fixed(task, topo)
+    assert mc.simulate(auto).time_s <= mc.simulate(large).time_s
+
+
+def test_local_search_keeps_a_permutation_and_never_slows():
+    """The local search of auto moves operations earlier and keeps a move only when the
+    simulated time drops: the result is a permutation, no slower, and deterministic."""
+    task, topo = _p3_task((96, 64), "float32", mc.Mesh.from_range(0, (3, 2)), "S0S1",
+                          mc.Mesh.from_range(6, (2, 2)), "S1S0")
+    ops = mc.plan(task, topo, strategy="send_recv").ops[::-1]
+    before = mc.simulate(mc.Plan(task, ops, "send_recv", "auto", topo)).time_s
+    found, t = balance_mod._local_search(task, topo, ops, "send_recv")
+    assert sorted(map(repr, found)) == sorted(map(repr, ops))
+    assert t == mc.simulate(mc.Plan(task, found, "send_recv", "auto", topo)).time_s <= before
+    assert balance_mod._local_search(task, topo, ops, "send_recv") == (found, t)
+    out = mc.execute_local(mc.Plan(task, found, "send_recv", "auto", topo),
+                           mc.scatter(np.arange(96 * 64, dtype=np.float32).reshape(96, 64),
+                                      task.src))
+    assert np.array_equal(mc.gather(out, task.dst, task.shape),
+                          np.arange(96 * 64, dtype=np.float32).reshape(96, 64))

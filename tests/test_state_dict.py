@@ -139,6 +139,14 @@ def _state_dict_job(rank: int) -> list[str]:
                     failures.append(f"{kind}: unclear error on rank 1: {text}")
             elif "ranks [1]" not in text and kind != "undeclared":
                 failures.append(f"{kind}: rank {rank} error does not name rank 1: {text}")
+    # 6. rank 2 passes the plans in another order: every rank refuses before sending
+    order, inputs = (plans[::-1], ins[::-1]) if rank == 2 else (plans, ins)
+    try:
+        mc.reshard_many(inputs, order, timeout=60)
+        failures.append(f"different plans: no error on rank {rank}")
+    except ValueError as exc:
+        if "different plans" not in str(exc) or (rank != 2 and "ranks [2]" not in str(exc)):
+            failures.append(f"different plans: unclear error on rank {rank}: {exc}")
     check(mc.reshard_state_dict(local, tasks, timeout=60), sd, tasks, "after errors")
     return failures
 

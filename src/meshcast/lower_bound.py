@@ -82,13 +82,17 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     pairs, inverse = np.unique(pair, return_inverse=True)
     nbytes = np.bincount(inverse, weights=dec.sizes().astype(np.float64)) * task.itemsize
     s, t = pairs // n_dst, pairs % n_dst
-    need = wanted[t] & ~held[s]  # pair x host: must enter that host
-    host_in = (need * nbytes[:, None]).sum(axis=0)
+    # bytes that must enter each host: slices some rank of it needs and none of it holds
+    tile_bytes = np.zeros((len(held), len(wanted)))
+    tile_bytes[s, t] = nbytes
+    lacking = ~held
+    host_in = ((tile_bytes @ wanted) * lacking).sum(axis=0)
+    need_any = (wanted.astype(float) @ lacking.T.astype(float))[t, s] > 0  # some host needs it
     b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * _GBIT
     b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * _GBIT
     inbound = float((host_in / b_in).max()) if n_hosts else 0.0
     # outbound: bytes of each source tile that must leave, grouped by holder-host set
-    leave = np.bincount(s, weights=np.where(need.any(axis=1), nbytes, 0.0), minlength=len(held))
+    leave = np.bincount(s, weights=np.where(need_any, nbytes, 0.0), minlength=len(held))
     keys, group_of = np.unique(held, axis=0, return_inverse=True)
     group_bytes = np.bincount(group_of.ravel(), weights=leave, minlength=len(keys))
     groups = [tuple(np.flatnonzero(k).tolist()) for k in keys]
@@ -96,7 +100,7 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     outbound, fractions = _outbound_lp([groups[g] for g in keep], group_bytes[keep], b_out)
     latency = topology.latency_us * 1e-6 if (inbound > 0 or outbound > 0) else 0.0
     rank = _rank_bound(task, topology, s, t, nbytes, held, wanted)
-    host = _host_bound(task, topology, s, t, nbytes, held, wanted)
+    host = _host_bound(task, topology, s, t, nbytes, held, wanted, need_any)
     return LowerBound(
         seconds=max(
             max(inbound, outbound) * (1 - 1e-9) + latency, max(rank, host) * (1 - 1e-9)
@@ -164,7 +168,7 @@ def _rank_bound(
     # senders, with NIC rates: a slice no receiver of which sits on a holder host crosses a NIC
     # in every operation that carries it, at most at the fastest single outbound NIC's rate
     nic = max(topology.nic_out_gbps) * _GBIT
-    cross = ~(wanted_host[t] & held_host[s]).any(axis=1)
+    cross = (wanted_host.astype(float) @ held_host.T.astype(float))[t, s] == 0
     busy = lat + nbytes / np.where(cross, nic, fastest)
     per_tile_nic = np.bincount(s[lacks], weights=busy[lacks], minlength=len(held)) / holders
     return float(
@@ -180,9 +184,11 @@ def _host_bound(
     nbytes: np.ndarray,
     held_host: np.ndarray,
     wanted_host: np.ndarray,
+    need_any: np.ndarray,
 ) -> float:
     """The per-host rank-time bound (module doc). ``s, t, nbytes``: unit slices by tile pair;
-    ``held_host`` / ``wanted_host``: tile x host, some rank of the host holds / needs the tile."""
+    ``held_host`` / ``wanted_host``: tile x host, some rank of the host holds / needs the tile;
+    ``need_any``: per pair, some host needs it and holds no copy."""
     if not len(s):
         return 0.0
     lat = topology.latency_us * 1e-6
@@ -195,26 +201,31 @@ def _host_bound(
     held = _rank_matrix(dec.holders_of_tile, index)  # src tile x rank
     wanted = _rank_matrix(dec.receivers_of_tile, index)  # dst tile x rank
     best = 0.0
+    # the pairs of each destination tile (only those can have receivers on a host)
+    by_t = np.argsort(t, kind="stable")
+    first = np.searchsorted(t[by_t], np.arange(len(wanted) + 1))
     # receiving: k ranks of host h lack the slice
     for h in np.flatnonzero(wanted_host.any(axis=0)).tolist():
         cols = np.flatnonzero(rank_host == h)
-        k = wanted[:, cols].sum(axis=1)[t]
+        tiles = np.flatnonzero(wanted_host[:, h])
+        idx = np.concatenate([by_t[first[x] : first[x + 1]] for x in tiles.tolist()])
+        sh, th, bh = s[idx], t[idx], nbytes[idx]
+        k = wanted[:, cols].sum(axis=1)[th]
         held_h = held[:, cols]
         if held_h.any():
-            k = k - (held_h @ wanted[:, cols].T)[s, t]
-        tr = nbytes / (topology.nic_in_gbps[h] * _GBIT)
+            k = k - (held_h @ wanted[:, cols].T)[sh, th]
+        tr = bh / (topology.nic_in_gbps[h] * _GBIT)
         recv = np.where(
-            held_host[s, h],
+            held_host[sh, h],
             k * lat + np.minimum(k * tr, lat),
             k * lat + tr + np.minimum((k - 1) * tr, lat),
         )
         best = max(best, float(recv[k > 0].sum()) / size[h])
     # sending: slices held on one host alone that some other host needs
-    alone = held_host[s].sum(axis=1) == 1
-    away = (wanted_host[t] & ~held_host[s]).any(axis=1)
-    go = np.flatnonzero(alone & away)
+    alone = (held_host.sum(axis=1) == 1)[s]
+    go = np.flatnonzero(alone & need_any)
     if len(go):
-        owner = held_host[s[go]].argmax(axis=1)
+        owner = held_host.argmax(axis=1)[s[go]]
         nic_out = np.array(topology.nic_out_gbps) * _GBIT
         busy = np.bincount(owner, weights=lat + nbytes[go] / nic_out[owner], minlength=len(size))
         best = max(best, float((busy / size).max()))

@@ -32,6 +32,7 @@ A benchmark, not a test: it prints figures, it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -352,52 +353,13 @@ def cluster_jobs(num_stages: int, ranks_per_host: int, microbatches: int, steps:
 
 def _run_jobs_on_cluster(jobs: list, hosts: int, ranks_per_host: int, nic_gbit: float,
                          timeout: float) -> tuple[list[list[dict]], str]:
-    """Run ``jobs`` on an emulated cluster (or on loopback without root): per-rank results and a
-    sentence saying where they ran."""
-    import os
-    import pickle
-    import sys
-    import tempfile
+    """Run ``jobs`` on an emulated cluster (or on loopback without root, where communication is
+    nearly free): per-rank results and a sentence saying where they ran."""
+    from ..interop.cluster_job import run_job
+    from ..pipeline.training import run_jobs
 
-    from ..cluster import Cluster, available, start_job, wait_job
-
-    world = hosts * ranks_per_host
-    ok, reason = available()
-    if not ok:
-        import meshcast
-
-        from ..pipeline.training import run_jobs
-
-        results = meshcast.launch(run_jobs, world, hosts=hosts, args=(jobs, False),
-                                  timeout=timeout)
-        return results, (f"LOOPBACK, NOT an emulated cluster ({reason}): {hosts} hosts emulated "
-                         "for planning only, no NIC shaping, so communication is nearly free")
-    with tempfile.TemporaryDirectory(prefix="meshcast-bench-") as tmp:
-        os.chmod(tmp, 0o755)
-        path = os.path.join(tmp, "jobs.pkl")
-        with open(path, "wb") as f:
-            pickle.dump(jobs, f)
-        name = f"mc-pipe{os.getpid()}"
-        with Cluster.up(hosts, nic_gbit=nic_gbit, name=name) as cluster:
-            procs = start_job(cluster, [sys.executable, "-m", "meshcast.pipeline.worker", path,
-                                        tmp], ranks_per_host,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-            codes = wait_job(procs, timeout)
-        errors = []
-        for r in range(world):
-            err = os.path.join(tmp, f"rank{r}.err")
-            if os.path.exists(err):
-                with open(err) as f:
-                    errors.append(f"rank {r}: {f.read().strip().splitlines()[-1]}")
-        if any(codes) or errors:
-            raise RuntimeError(f"the pipeline job failed (exit codes {codes}): "
-                               + ("; ".join(errors) or "no report (timed out?)"))
-        results = []
-        for r in range(world):
-            with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
-                results.append(pickle.load(f))
-    return results, (f"emulated cluster: {hosts} hosts (network namespaces), NIC shaped to "
-                     f"{nic_gbit:g} Gbit/s each way with tc, {ranks_per_host} ranks per host")
+    return run_job(run_jobs, hosts * ranks_per_host, ranks_per_host, nic_gbit=nic_gbit,
+                   args=(jobs, False), timeout=timeout, name=f"mc-pipe{os.getpid() % 100000}")
 
 
 def run_cluster(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ box is sent from (or received into) the tensor itself, without a staging copy.
 
 from __future__ import annotations
 
-import datetime
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,16 +18,14 @@ import torch.distributed as dist
 
 from ..layout import Box, box_shape
 from ..plan import Plan
-from ..runtime.errors import ReshardError
-from ..runtime.execute import DEFAULT_TIMEOUT
-from ..runtime.stats import record_send
+from ..runtime.execute import DEFAULT_TIMEOUT, _agree, _fingerprint, _torch_dtype
+from ..runtime.p2p import Transport
 from .plans import DEFAULT_BUCKET_BYTES, Segment, build_schedule
 
 __all__ = ["ManyStats", "last_many_stats", "reshard_many"]
 
 _ALIGN = 16
 _TAG_BASE = 1 << 20  # away from the small tags meshcast.reshard uses (its op indices)
-_AGREE_TAG = _TAG_BASE - 1
 
 
 @dataclass
@@ -50,13 +48,6 @@ _last = ManyStats()
 def last_many_stats() -> ManyStats:
     """Counters of this process's last :func:`reshard_many` call."""
     return _last
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype {name!r} has no torch equivalent")
-    return dtype
 
 
 def _rel(box: Box, shard_box: Box) -> tuple[slice, ...]:
@@ -157,12 +148,26 @@ def reshard_many(
         if why is not None:
             errors.append(f"{label[k]}: {why}")
 
-    # agree before any data moves (point-to-point: no new process group is needed)
-    flags = _agree(bool(errors), me, ranks, dev, timeout)
+    # agree before any data moves, with the runtime's transport and check: point-to-point on
+    # the default group (no process group is created), every rank's error flag and plans' digest
+    host_of: dict[int, int] = {}
+    for p in plans:
+        for r, h in p.topology._host_of.items():
+            host_of.setdefault(r, h)
+    transport = Transport(dist.group.WORLD, me, lambda r: r, host_of, timeout,
+                          caller="meshcast.reshard_many")
+    digest = _plans_digest(plans)
+    table = _agree(transport, list(ranks), bool(errors), digest, dev)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ValueError(f"meshcast.reshard_many on rank {me}: {errors[0]}{more}")
-    bad = [r for r, f in zip(ranks, flags) if f]
+    differ = [r for r, (_, d) in zip(ranks, table) if d != digest]
+    if differ:
+        raise ValueError(
+            f"meshcast.reshard_many: ranks {differ} called with different plans than rank {me} "
+            f"(every rank must pass the same plans in the same order); nothing was sent"
+        )
+    bad = [r for r, (f, _) in zip(ranks, table) if f]
     if bad:
         raise ValueError(
             f"meshcast.reshard_many: ranks {bad} passed inputs that do not fit the plans (see "
@@ -178,8 +183,6 @@ def reshard_many(
         outs[k][_rel(box, dst_boxes[k])].copy_(tensors[k][_rel(box, src_boxes[k])])
 
     stats = ManyStats(buckets=len(schedule.buckets))
-    host_of = plans[0].topology._host_of if plans else {}
-    td = datetime.timedelta(seconds=timeout)
 
     def view(seg: Segment, side: str) -> torch.Tensor:
         if side == "src" and not seg.from_out:
@@ -187,14 +190,7 @@ def reshard_many(
         return outs[seg.tensor][_rel(seg.box, dst_boxes[seg.tensor])]
 
     def wait(w: dist.Work, what: str, peer: int) -> None:
-        try:
-            w.wait(td)
-        except Exception as exc:
-            raise ReshardError(
-                f"meshcast.reshard_many on rank {me}: {what} with rank {peer} did not complete "
-                f"within {timeout:g} s: {exc}",
-                (me, peer),
-            ) from exc
+        transport.wait(w, f"{what} with rank {peer}", (me, peer))
 
     tag = _TAG_BASE
     for bucket in schedule.buckets:
@@ -210,7 +206,7 @@ def reshard_many(
                 if len(segs) == 1:
                     v = view(segs[0], "dst")
                     if v.is_contiguous():
-                        w = dist.irecv(_as_bytes(v), src=peer, tag=tag)
+                        w = transport.irecv(v, peer, tag)
                         posted_recvs.append((peer, segs, None, w))
                         stats.zero_copy_messages += 1
                         stats.bytes_received += segs[0].nbytes
@@ -218,7 +214,7 @@ def reshard_many(
                 buf = torch.empty(_msg_size(segs), dtype=torch.uint8,
                                   device=dev)
                 staged += buf.numel()
-                w = dist.irecv(buf, src=peer, tag=tag)
+                w = transport.irecv(buf, peer, tag)
                 posted_recvs.append((peer, segs, buf, w))
                 stats.bytes_received += sum(s.nbytes for s in segs)
             posted_sends = []
@@ -236,10 +232,9 @@ def reshard_many(
                         buf[off : off + s.nbytes].view(src.dtype).view(src.shape).copy_(src)
                         off += _padded(s.nbytes)
                 nbytes = sum(s.nbytes for s in segs)
-                record_send(peer, nbytes, host_of.get(peer) != host_of.get(me))
                 stats.messages_sent += 1
                 stats.bytes_sent += nbytes
-                posted_sends.append((peer, dist.isend(buf, dst=peer, tag=tag), buf))
+                posted_sends.append((peer, transport.isend(buf, peer, tag, payload=nbytes), buf))
             stats.peak_staging_bytes = max(stats.peak_staging_bytes, staged)
             for peer, segs, buf, w in posted_recvs:
                 wait(w, "a receive", peer)
@@ -258,44 +253,12 @@ def reshard_many(
     return outs
 
 
-def _agree(
-    bad: bool, me: int, ranks: Sequence[int], dev: torch.device, timeout: float
-) -> list[int]:
-    """Every rank of ``ranks`` learns which of them found a bad input: each sends its flag to the
-    first rank, which sends all flags back. Point-to-point on the default group, so it needs no
-    process group of its own (subgroups made with local synchronisation get rank-dependent names
-    once ranks belong to different DeviceMesh groups)."""
-    td = datetime.timedelta(seconds=timeout)
-    leader = ranks[0]
-    flags = torch.zeros(len(ranks), dtype=torch.int32, device=dev)
-
-    def wait(w: dist.Work, peer: int) -> None:
-        try:
-            w.wait(td)
-        except Exception as exc:
-            raise ReshardError(
-                f"meshcast.reshard_many on rank {me}: rank {peer} did not arrive within "
-                f"{timeout:g} s to check the inputs (every rank of {list(ranks)} must call with "
-                f"the same plans): {exc}",
-                (me, peer),
-            ) from exc
-
-    if me == leader:
-        flags[0] = int(bad)
-        parts = [torch.zeros(1, dtype=torch.int32, device=dev) for _ in ranks[1:]]
-        works = [dist.irecv(t, src=r, tag=_AGREE_TAG) for t, r in zip(parts, ranks[1:])]
-        for i, (w, r) in enumerate(zip(works, ranks[1:])):
-            wait(w, r)
-            flags[i + 1] = parts[i][0]
-        sends = [dist.isend(flags, dst=r, tag=_AGREE_TAG) for r in ranks[1:]]
-        for w, r in zip(sends, ranks[1:]):
-            wait(w, r)
-    else:
-        mine = torch.full((1,), int(bad), dtype=torch.int32, device=dev)
-        w = dist.isend(mine, dst=leader, tag=_AGREE_TAG)
-        wait(w, leader)
-        wait(dist.irecv(flags, src=leader, tag=_AGREE_TAG), leader)
-    return flags.tolist()
+def _plans_digest(plans: Sequence[Plan]) -> int:
+    """A 31-bit digest of the plans in order, equal on every rank that holds the same plans."""
+    h = hashlib.sha1()
+    for p in plans:
+        h.update(_fingerprint(p).to_bytes(4, "little"))
+    return int.from_bytes(h.digest()[:4], "little") >> 1
 
 
 def _check(

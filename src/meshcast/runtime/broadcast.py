@@ -61,7 +61,12 @@ def relay(
     """Body of a leader's relay thread: receive ``op.box`` from ``feeder`` into ``out`` chunk by
     chunk and forward every chunk to ``targets``. At most ``window`` chunks are being received
     and ``window`` being forwarded; packed buffers (only where a chunk is not contiguous in
-    ``out``) count against ``budget``."""
+    ``out``) count against ``budget``.
+
+    The relay never waits for memory while it has messages of its own in flight (only this thread
+    completes them): when the budget is full it first finishes what it has in flight, then takes
+    one chunk's buffer even over the limit. So it depends only on its feeder and its targets,
+    which keeps small budgets deadlock-free (docs/runtime.md, "small budget")."""
     ranks = op.ranks()
     try:
         itemsize = out.element_size()
@@ -69,23 +74,39 @@ def relay(
         receiving: deque = deque()
         forwarding: deque = deque()
 
-        def post(k: int) -> None:
+        def post(k: int) -> bool:
+            """Post the receive of chunk ``k``; False (nothing posted) if its buffer does not
+            fit the budget now while this relay has messages in flight."""
             view = out[relative(chunks[k], out_box)]
             extra = 0
             if view.is_contiguous():
                 buf = view
             else:
                 extra = box_size(chunks[k]) * itemsize
-                budget.acquire(extra, alone=not (receiving or forwarding))
+                if receiving or forwarding:
+                    if not budget.try_acquire(extra):
+                        return False
+                else:
+                    budget.acquire(extra, alone=True)
                 buf = torch.empty(view.shape, dtype=view.dtype, device=view.device)
             work = transport.irecv(buf, feeder, index)
             receiving.append((k, view, buf, work, extra))
+            return True
+
+        def finish_forward() -> None:
+            k, sends, extra = forwarding.popleft()
+            for t, w in zip(targets, sends):
+                what = f"op {index} (broadcast from {op.src}): forwarding chunk {k + 1} to {t}"
+                transport.wait(w, what, ranks)
+            budget.release(extra)
 
         nxt = 0
-        while nxt < min(window, len(chunks)):
-            post(nxt)
-            nxt += 1
-        while receiving:
+        while nxt < len(chunks) or receiving or forwarding:
+            while nxt < len(chunks) and len(receiving) < window and post(nxt):
+                nxt += 1
+            if not receiving:  # the budget refused a chunk: free what this relay holds
+                finish_forward()
+                continue
             k, view, buf, work, extra = receiving.popleft()
             what = (
                 f"op {index} (broadcast from {op.src}): chunk {k + 1}/{len(chunks)} from {feeder}"
@@ -93,17 +114,9 @@ def relay(
             transport.wait(work, what, ranks)
             if buf is not view:
                 view.copy_(buf)
-            sends = [transport.isend(buf, t, index) for t in targets]
-            forwarding.append((k, sends, extra))
-            if nxt < len(chunks):
-                post(nxt)
-                nxt += 1
-            while len(forwarding) > window or (forwarding and not receiving):
-                k, sends, extra = forwarding.popleft()
-                for t, w in zip(targets, sends):
-                    what = f"op {index} (broadcast from {op.src}): forwarding chunk {k + 1} to {t}"
-                    transport.wait(w, what, ranks)
-                budget.release(extra)
+            forwarding.append((k, [transport.isend(buf, t, index) for t in targets], extra))
+            while len(forwarding) > window or (forwarding and not receiving and nxt == len(chunks)):
+                finish_forward()
     except BaseException as exc:
         errors.append(exc)
         failed.set()

@@ -377,16 +377,21 @@ class _Runner:
             self.relays.append(thread)
 
     def _allgather(self, i: int, op: AllGather) -> None:
+        """Post this member's messages of an all-gather in the order every member agrees on:
+        part by part in group order (receive the parts of the members before it, send its own,
+        receive the parts after it), chunk by chunk. A common order is what keeps a small
+        ``max_inflight_bytes`` deadlock-free (docs/runtime.md, "small budget"): were every member to
+        post its own sends first, each could fill its budget with sends that wait for receives
+        the others only post after their own sends."""
         assert self.out is not None
         what = f"op {i} (all-gather among {list(op.group)})"
-        pos = op.group.index(self.me)
-        mine = op.parts[pos]
-        self._wait_writes(mine, what)
         others = [r for r in op.group if r != self.me]
-        self._send(self.out, self.dst_box, mine, others, i, what, op.group)
         for r, part in zip(op.group, op.parts):
             if r != self.me:
                 self._recv(part, r, i, what, op.group)
+                continue
+            self._wait_writes(part, what)
+            self._send(self.out, self.dst_box, part, others, i, what, op.group)
 
 
 def _copier(view: torch.Tensor, buf: torch.Tensor) -> Callable[[], None]:

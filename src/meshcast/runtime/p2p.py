@@ -25,7 +25,11 @@ __all__ = ["Budget", "Pending", "Reaper", "Transport"]
 
 
 class Transport:
-    """Tagged isend/irecv between plan ranks over one process group, with byte counters."""
+    """Tagged isend/irecv between plan ranks over one process group, with byte counters.
+
+    Used by :func:`meshcast.reshard` and :func:`meshcast.reshard_many`; ``caller`` names the
+    function in error messages.
+    """
 
     def __init__(
         self,
@@ -34,24 +38,30 @@ class Transport:
         to_global: Callable[[int], int],
         host_of: dict[int, int],
         timeout: float,
+        caller: str = "meshcast.reshard",
     ) -> None:
         self.group = group
         self.me = me
         self.to_global = to_global
         self.host_of = host_of
         self.timeout = timeout
+        self.caller = caller
         self._timedelta = datetime.timedelta(seconds=timeout)
 
     @staticmethod
     def _bytes(buf: torch.Tensor) -> torch.Tensor:
         return buf.reshape(-1).view(torch.uint8)
 
-    def isend(self, buf: torch.Tensor, peer: int, tag: int, count: bool = True) -> dist.Work:
+    def isend(
+        self, buf: torch.Tensor, peer: int, tag: int, count: bool = True,
+        payload: int | None = None,
+    ) -> dist.Work:
         """Post the send of contiguous ``buf`` to plan rank ``peer`` (``count``: add it to the
-        transfer statistics)."""
+        transfer statistics, as ``payload`` bytes if given, else the whole buffer)."""
         data = self._bytes(buf)
         if count:
-            record_send(peer, data.numel(), self.host_of[peer] != self.host_of[self.me])
+            nbytes = data.numel() if payload is None else payload
+            record_send(peer, nbytes, self.host_of.get(peer) != self.host_of.get(self.me))
         try:
             return dist.isend(data, dst=self.to_global(peer), group=self.group, tag=tag)
         except Exception as exc:
@@ -67,7 +77,7 @@ class Transport:
     def _post_error(self, verb: str, peer: int, tag: int, exc: Exception) -> ReshardError:
         ranks = (self.me, peer)
         return ReshardError(
-            f"meshcast.reshard on rank {self.me}: {verb} rank {peer} (operation {tag}) failed "
+            f"{self.caller} on rank {self.me}: {verb} rank {peer} (tag {tag}) failed "
             f"(ranks involved: {list(ranks)}): {exc}",
             ranks,
         )
@@ -78,7 +88,7 @@ class Transport:
             work.wait(self._timedelta)
         except Exception as exc:
             raise ReshardError(
-                f"meshcast.reshard on rank {self.me}: {what} did not complete within "
+                f"{self.caller} on rank {self.me}: {what} did not complete within "
                 f"{self.timeout:g} s (ranks involved: {list(ranks)}): {exc}",
                 ranks,
             ) from exc
@@ -118,6 +128,17 @@ class Budget:
                 )
             self.used += nbytes
             self.peak = max(self.peak, self.used)
+
+    def try_acquire(self, nbytes: int) -> bool:
+        """Take ``nbytes`` if they fit now (or nothing is in flight); never blocks."""
+        with self._cond:
+            if self._failed.is_set():
+                raise ReshardError("meshcast.reshard: aborted after an earlier failure")
+            if self.used and self.used + nbytes > self.limit:
+                return False
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+            return True
 
     def release(self, nbytes: int) -> None:
         """Return ``nbytes``."""
