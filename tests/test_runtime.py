@@ -21,7 +21,11 @@ from meshcast.plan import Broadcast, Send
 
 WORLD = 20
 TOPOLOGY = Topology.uniform(5, 4)  # 5 emulated hosts of 4 ranks
-STRATEGIES = ("send_recv", "allgather", "broadcast")
+STRATEGIES = ("send_recv", "allgather", "broadcast", "auto")  # auto: plan()'s defaults
+
+
+def _plan(task: ReshardTask, topology, strategy: str):
+    return plan(task, topology) if strategy == "auto" else plan(task, topology, strategy=strategy)
 DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool")
 
 
@@ -141,14 +145,17 @@ def _job(rank: int) -> dict:
     report: dict = {"results": {}, "small": {}, "cross": {}, "errors": {}}
     for strategy in STRATEGIES:
         for name, task, noncontig in _cases():
-            p = plan(task, topology, strategy=strategy)
+            p = _plan(task, topology, strategy)
             box = task.src_box(rank)
             local = None if box is None else _to_torch(_global(task)[box], noncontig)
             # tiny chunks and budget exercise chunking, relays and packing
             out = meshcast.reshard(local, p, chunk_bytes=96, timeout=60)
             report["results"][strategy, name] = _bytes(out)
-            # a budget of ~5 chunks: ranks wait for memory mid-operation (once a deadlock)
-            out = meshcast.reshard(local, p, chunk_bytes=96, max_inflight_bytes=512, timeout=60)
+            # a budget of ~5 chunks: ranks wait for memory mid-operation (once a deadlock), with
+            # every operation of a rank posted at once (ordered=False)
+            out = meshcast.reshard(
+                local, p, chunk_bytes=96, max_inflight_bytes=512, timeout=60, ordered=False
+            )
             report["small"][strategy, name] = _bytes(out)
 
     # the same plan twice with default chunking: groups are cached, not re-created
@@ -218,12 +225,13 @@ def job() -> list[dict]:
 @pytest.mark.parametrize("budget", ["default", "small"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_case_is_byte_exact(job: list[dict], strategy: str, budget: str) -> None:
-    # small: max_inflight_bytes=512 with 96-byte chunks (packing buffers wait for memory)
+    # small: max_inflight_bytes=512 with 96-byte chunks (packing buffers wait for memory),
+    # operations posted concurrently (ordered=False); default: ordered, the default budget
     key = "results" if budget == "default" else "small"
     cases = _cases()
     assert len(cases) >= 12
     for name, task, _ in cases:
-        p = plan(task, TOPOLOGY, strategy=strategy)
+        p = _plan(task, TOPOLOGY, strategy)
         expected = execute_local(p, scatter(_global(task), task.src))
         for rank in range(WORLD):
             got = job[rank][key][strategy, name]

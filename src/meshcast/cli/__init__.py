@@ -23,6 +23,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "planner": ("meshcast.cli.bench_planner", "plan quality: simulated time / lower bound"),
     "pipeline": ("meshcast.cli.bench_pipeline", "pipeline schedules: simulated step times"),
     "weights": ("meshcast.cli.bench_weights", "weight sync: meshcast vs gather+broadcast"),
+    "resharding": ("meshcast.cli.bench_resharding", "resharding suites: measured and simulated"),
 }
 
 

@@ -86,6 +86,7 @@ def reshard(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     device: torch.device | str | None = None,
+    ordered: bool = True,
 ) -> torch.Tensor | None:
     """Run ``plan`` and return this rank's destination shard (None if it holds none).
 
@@ -100,7 +101,11 @@ def reshard(
     naming the ranks involved. ``chunk_bytes`` is the message size of chunked transfers;
     ``max_inflight_bytes`` bounds the pack/unpack buffers in flight on this rank. ``device`` is
     where the result goes on a rank without ``local`` (default: CPU, or the current CUDA device
-    on NCCL).
+    on NCCL). With ``ordered`` (the default) a rank runs its operations one after another in plan
+    order, so an operation starts when all its ranks are free: the model of
+    :func:`meshcast.simulate`, which the planner optimises for. ``ordered=False`` posts all of a
+    rank's operations at once and lets them share the links (the plan's order is then only the
+    posting order).
     """
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
@@ -168,7 +173,7 @@ def reshard(
             plan, me, local, out, p2p_group, to_global, timeout, chunk_bytes, max_inflight_bytes
         )
     else:
-        _Runner(plan, me, local, out, transport, chunk_bytes, max_inflight_bytes).run()
+        _Runner(plan, me, local, out, transport, chunk_bytes, max_inflight_bytes, ordered).run()
     return out
 
 
@@ -222,8 +227,11 @@ class _Runner:
         transport: Transport,
         chunk_bytes: int,
         max_inflight_bytes: int,
+        ordered: bool = True,
     ) -> None:
         timeout = transport.timeout
+        self.ordered = ordered
+        self.op_items: list[Pending] = []  # what the current operation posted (ordered mode)
         self.plan = plan
         self.task = plan.task
         self.me = me
@@ -263,7 +271,9 @@ class _Runner:
                 self._acquire(extra)
                 buf = view.contiguous()
             works = [self.transport.isend(buf, t, index) for t in targets]
-            self.reaper.add(Pending(works, f"{what}: send to {targets}", ranks, extra))
+            item = Pending(works, f"{what}: send to {targets}", ranks, extra)
+            self.reaper.add(item)
+            self.op_items.append(item)
 
     def _recv(self, box: Box, peer: int, index: int, what: str, ranks: tuple[int, ...]) -> None:
         assert self.out is not None and self.dst_box is not None
@@ -281,6 +291,7 @@ class _Runner:
             item = Pending([work], f"{what}: receive from {peer}", ranks, extra, finish, chunk)
             self.reaper.add(item)
             self.writes.append(item)
+            self.op_items.append(item)
 
     def _acquire(self, nbytes: int) -> None:
         self.budget.acquire(nbytes)
@@ -293,6 +304,18 @@ class _Runner:
     def _first_error(self) -> BaseException:
         errors = self.reaper.errors + self.errors
         return errors[0] if errors else ReshardError("meshcast.reshard: aborted")
+
+    def _finish_op(self) -> None:
+        """Ordered mode: wait until everything the current operation posted has completed."""
+        for item in self.op_items:
+            if not item.done.wait(self.timeout):
+                raise ReshardError(
+                    f"meshcast.reshard on rank {self.me}: {item.what} did not complete in "
+                    f"{self.timeout:g} s (ranks involved: {list(item.ranks)})",
+                    item.ranks,
+                )
+            self._check()
+        self.op_items.clear()
 
     def _wait_writes(self, box: Box, what: str) -> None:
         """Wait for the pending writes into ``box`` of ``out`` (data this rank must pass on)."""
@@ -331,6 +354,10 @@ class _Runner:
                     self._allgather(i, op)
                 else:
                     raise TypeError(f"plan has an operation of unknown type {type(op).__name__}")
+                if self.ordered:
+                    self._finish_op()
+                else:
+                    self.op_items.clear()
         finally:
             self.reaper.close(self.timeout * 2)
             for t in self.relays:
@@ -353,6 +380,7 @@ class _Runner:
         else:
             done = Pending([], f"{what}: relay", op.ranks(), box=op.box)
             self.writes.append(done)
+            self.op_items.append(done)
             thread = threading.Thread(
                 target=relay,
                 args=(

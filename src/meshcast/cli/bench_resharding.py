@@ -1,0 +1,327 @@
+"""``meshcast bench resharding``: the paper's resharding microbenchmarks, measured and simulated.
+
+    meshcast bench resharding [--suite 1-to-m|n-to-m|all] [--cluster N | --loopback]
+                              [--size 64MiB] [--nic-gbit 1] [--reps 3] [--warmup 1]
+                              [--methods M,...] [--cases K,...] [--out DIR]
+    meshcast bench resharding --simulate [--topology p3.8xlarge] [--suite ...]
+
+Measured (default): every case of the suite is one job on an emulated cluster whose hosts are the
+meshes' rows (:mod:`meshcast.bench.resharding` says exactly how), every method runs ``--warmup``
++ ``--reps`` times in that job, the median of the timed runs is reported. Every run is checked
+exactly; a run with wrong data is reported as a failure (red), gets no numbers, and the command
+exits with status 3. Test hook: ``$MESHCAST_BENCH_CORRUPT=METHOD`` (or ``*``) flips one received
+byte of that method on one rank.
+
+``--cluster N``: emulated clusters (network namespaces, links shaped to ``--nic-gbit``; root),
+cases needing more than N hosts are skipped (default N: all cases fit, 5). ``--loopback``: local
+processes, unshaped (hosts exist for planning only). Neither: the cluster where available, else
+loopback with the reason.
+
+``--simulate``: no processes; the same suite on :func:`meshcast.simulate` at the emulated
+cluster's payload link speed (``--nic-gbit`` x 1448/1514, as measured: docs/cluster.md), or with
+``--topology NAME`` at the paper's scale (1 GiB / 2 GiB) on that preset's links, hosts = mesh rows.
+The baselines are timed by a bandwidth model there (the simulator takes plans only).
+
+Output: a table per suite (time, effective bandwidth = tensor bytes / time, bytes across hosts,
+efficiency = lower bound / time, simulated time), ``resharding.json`` and PNG figures in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+from ..bench import resharding as rb
+
+DEFAULT_OUT = "meshcast-bench-resharding"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``meshcast bench resharding``."""
+    parser.add_argument("--suite", default="all", choices=("1-to-m", "n-to-m", "all"))
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--cluster",
+        type=int,
+        metavar="N",
+        default=None,
+        help="emulated clusters of at most N hosts (root)",
+    )
+    where.add_argument("--loopback", action="store_true", help="local processes, unshaped")
+    where.add_argument("--simulate", action="store_true", help="simulator only, no processes")
+    parser.add_argument(
+        "--topology",
+        default=None,
+        help="with --simulate: a preset (p3.8xlarge), at the paper's scale",
+    )
+    parser.add_argument("--size", default="64MiB", help="tensor size (default 64MiB)")
+    parser.add_argument("--nic-gbit", type=float, default=1.0, help="emulated NIC rate (1)")
+    parser.add_argument("--reps", type=int, default=3, help="timed runs per method (3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (1)")
+    parser.add_argument("--methods", default=",".join(rb.METHODS), help="comma-separated")
+    parser.add_argument("--cases", default="", help="e.g. 1x1,4x2,case1 (default: the suite)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT})")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case's job")
+    parser.add_argument(
+        "--markdown",
+        metavar="JSON",
+        default=None,
+        help="print markdown tables of an earlier run's JSON, run nothing",
+    )
+
+
+def _methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    for m in methods:
+        if m not in rb.METHODS:
+            raise ValueError(f"--methods: {m!r} is unknown; choose from {', '.join(rb.METHODS)}")
+    return methods
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _table(rows: list[dict[str, Any]], title: str, measured: bool):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    cols = ["case", "method", "time ms", "Gbit/s", "MiB across", "efficiency"]
+    if measured:
+        cols += ["sim ms", "sim/meas"]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("case", "method") else "right")
+    last = None
+    notes: dict[str, list[str]] = {}
+    for i, r in enumerate(rows):
+        nxt = rows[i + 1]["case"] if i + 1 < len(rows) else None
+        first = r["case"] != last
+        last = r["case"]
+        name = r["method"] + (f" (= {r['same_plan_as']})" if r.get("same_plan_as") else "")
+        case = (
+            (r["label"] if r["suite"] == "n-to-m" else f"{r['case']} ({r['label']})")
+            if first
+            else ""
+        )
+        if "skipped" in r:
+            cells = ["[dim]n/a[/dim]"] + [""] * (len(cols) - 3)
+            notes.setdefault(r["skipped"], []).append(f"{r['case']} {r['method']}")
+        elif "error" in r:
+            cells = [f"[bold red]FAILED: {r['error']}[/bold red]"] + [""] * (len(cols) - 3)
+        else:
+            across = r.get("cross_host_bytes")
+            cells = [
+                f"{r['time_s'] * 1e3:.1f}",
+                f"{r['bandwidth_gbit']:.3f}",
+                _fmt(None if across is None else across / 2**20, ".1f"),
+                f"{r['efficiency']:.2f}",
+            ]
+            if measured:
+                cells += [f"{r['sim_s'] * 1e3:.1f}", f"{r['sim_ratio']:.2f}"]
+        table.add_row(case, name, *cells, end_section=nxt != r["case"])
+    if notes:
+        table.caption = "n/a: " + "; ".join(f"{', '.join(v)}: {k}" for k, v in notes.items())
+        table.caption_justify = "left"
+    return table
+
+
+def _plots(rows: list[dict[str, Any]], out: str, tag: str, what: str) -> list[str]:
+    from ..bench.plots import plot_n_to_m, plot_one_to_m
+
+    made = []
+    if any(r["suite"] == "n-to-m" and "time_s" in r for r in rows):
+        path = os.path.join(out, f"resharding-n-to-m{tag}.png")
+        plot_n_to_m(rows, path, f"n-to-m cases, {what}")
+        made.append(path)
+    if any(r["suite"] == "1-to-m" and "time_s" in r for r in rows):
+        path = os.path.join(out, f"resharding-1-to-m{tag}.png")
+        plot_one_to_m(rows, path, f"1-to-m, {what}")
+        made.append(path)
+    return made
+
+
+def _meta(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    import numpy
+
+    meta: dict[str, Any] = {
+        "command": "meshcast " + " ".join(sys.argv[1:]) if sys.argv else "",
+        "mode": mode,
+        "suite": args.suite,
+        "nic_gbit": args.nic_gbit,
+        "reps": args.reps,
+        "warmup": args.warmup,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Linux {platform.release()}, Python {platform.python_version()}, "
+        f"numpy {numpy.__version__}",
+        "load_avg_before": rb.load_avg(),
+    }
+    return meta
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run (or simulate) the suite, print the tables, write the JSON and the figures."""
+    from rich.console import Console
+
+    if args.markdown:
+        import json
+
+        with open(args.markdown) as f:
+            print(rb.markdown_report(json.load(f)))
+        return 0
+    console = Console(width=170)
+    methods = _methods(args.methods)
+    keys = [k.strip() for k in args.cases.split(",") if k.strip()]
+    if args.reps < 1 or args.warmup < 0:
+        raise ValueError("--reps must be at least 1 and --warmup at least 0")
+    if args.topology and not args.simulate:
+        raise ValueError("--topology goes with --simulate (measured runs use the emulated hosts)")
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, "resharding.json")
+
+    if args.simulate:
+        return _run_simulated(args, console, methods, keys, json_path)
+
+    nbytes = rb.parse_size(args.size)
+    cases = rb.suite_cases(args.suite, nbytes, keys)
+    use_cluster = False
+    note = ""
+    if not args.loopback:
+        from ..cluster import available
+
+        ok, why = available()
+        if ok:
+            use_cluster = True
+        elif args.cluster is not None:
+            raise ValueError(f"--cluster: the emulated cluster is not available: {why}")
+        else:
+            note = f"emulated cluster not available ({why}): running on loopback, unshaped"
+    if use_cluster and args.cluster is not None:
+        too_big = [c.key for c in cases if c.hosts > args.cluster]
+        if too_big:
+            console.print(f"[yellow]skipped (need more than {args.cluster} hosts): {too_big}")
+        cases = [c for c in cases if c.hosts <= args.cluster]
+    if not cases:
+        raise ValueError("no case left to run")
+    mode = (
+        f"emulated cluster, links shaped to {args.nic_gbit:g} Gbit/s"
+        if use_cluster
+        else "loopback, unshaped"
+    )
+    if note:
+        console.print(f"[yellow]note: {note}")
+    import torch  # noqa: F401  (fail early without torch)
+
+    total_runs = 0
+    for c in cases:
+        topo = c.topology(args.nic_gbit * rb.PAYLOAD_FRACTION, 20.0, rb.PLAN_LATENCY_US)
+        run_list = rb.job_methods(c, methods, topo)[0]
+        total_runs += len(run_list) * (args.warmup + args.reps)
+    estimate = rb.estimate_s(cases, methods, args.reps, args.warmup, args.nic_gbit)
+    console.print(
+        f"resharding bench: {len(cases)} cases x {len(methods)} methods, {mode}, "
+        f"{rb.parse_size(args.size) / 2**20:g} MiB, {args.warmup} warm-up + {args.reps} timed "
+        f"runs each: {total_runs} runs (identical plans run once)"
+    )
+    console.print(
+        f"estimated total time: {estimate / 60:.1f} min "
+        "(start-up per rank + simulated transfer times; a shared machine may be slower)"
+    )
+    meta = _meta(args, mode)
+    meta["estimate_s"] = estimate
+    t0 = time.monotonic()
+    corrupt = os.environ.get(rb.CORRUPT_ENV) or None
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} runs"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task_id = bar.add_task("resharding", total=total_runs)
+        results = rb.run_suite(
+            cases,
+            methods,
+            cluster=use_cluster,
+            nic_gbit=args.nic_gbit,
+            reps=args.reps,
+            warmup=args.warmup,
+            corrupt=corrupt,
+            timeout=args.timeout,
+            progress=lambda n: bar.update(task_id, completed=n),
+            log=console.print,
+        )
+    meta["duration_s"] = time.monotonic() - t0
+    meta["load_avg_after"] = rb.load_avg()
+    meta["size_bytes"] = nbytes
+    rows = results["rows"]
+    for suite in ("1-to-m", "n-to-m"):
+        part = [r for r in rows if r["suite"] == suite]
+        if part:
+            console.print(_table(part, f"{suite}, measured ({mode}); median of {args.reps}", True))
+    probes = results["probes"]
+    cross = [p["cross_gbps"] for p in probes.values() if "cross_gbps" in p]
+    if cross:
+        console.print(
+            f"link probe (payload, host 0 -> 1, per job): {min(cross):.3f} .. "
+            f"{max(cross):.3f} Gbit/s; the simulated times and the lower bounds use "
+            "each job's probe (cross-host, intra-host and latency)"
+        )
+    document = {"meta": meta, **results}
+    with open(json_path, "w") as f:
+        f.write(rb.dumps(document))
+    made = [] if args.no_plots else _plots(rows, args.out, "", mode)
+    console.print(f"wrote {json_path}" + "".join(f", {p}" for p in made))
+    console.print(f"took {meta['duration_s'] / 60:.1f} min (estimated {estimate / 60:.1f})")
+    if results["failures"]:
+        console.print(
+            f"[bold red]{len(results['failures'])} run(s) FAILED (wrong data or a "
+            "failed job); they are not reported:"
+        )
+        for f in results["failures"]:
+            console.print(f"[bold red]  {f['case']} {f['method']}: {f['error']}")
+        return 3
+    console.print("every run's data was checked exactly on every receiving rank")
+    return 0
+
+
+def _run_simulated(
+    args: argparse.Namespace, console, methods: list[str], keys: list[str], json_path: str
+) -> int:
+    if args.topology:
+        cases = rb.suite_cases(args.suite, None, keys, paper_scale=True)
+        topo_of = rb.preset_topology(args.topology)
+        what = f"simulated, {args.topology} links, paper scale (1 GiB / 2 GiB)"
+        tag = f"-sim-{args.topology}"
+    else:
+        cases = rb.suite_cases(args.suite, rb.parse_size(args.size), keys)
+        gbps = args.nic_gbit * rb.PAYLOAD_FRACTION
+
+        def topo_of(c: rb.BenchCase):
+            return c.topology(gbps, 20.0, rb.PLAN_LATENCY_US)
+
+        what = (
+            f"simulated, emulated cluster's links ({gbps:.3f} Gbit/s payload, 20 Gbit/s "
+            f"inside, {rb.PLAN_LATENCY_US:g} us), {rb.parse_size(args.size) / 2**20:g} MiB"
+        )
+        tag = "-sim"
+    rows = rb.simulated_rows(cases, methods, topo_of)
+    for suite in ("1-to-m", "n-to-m"):
+        part = [r for r in rows if r["suite"] == suite]
+        if part:
+            console.print(_table(part, f"{suite}, {what}", False))
+    meta = _meta(args, what)
+    json_path = json_path.replace("resharding.json", f"resharding{tag}.json")
+    with open(json_path, "w") as f:
+        f.write(rb.dumps({"meta": meta, "rows": rows}))
+    made = [] if args.no_plots else _plots(rows, args.out, tag, what)
+    console.print(f"wrote {json_path}" + "".join(f", {p}" for p in made))
+    return 0
