@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..cases import ONE_TO_M_MESHES, PAPER_CASES
+from ..cluster import nic_tx_bytes
 from ..layout import Box, Layout
 from ..lower_bound import lower_bound
 from ..mesh import Mesh
@@ -401,14 +402,6 @@ def _rel(box: Box, outer: Box) -> tuple[slice, ...]:
     return tuple(slice(b.start - o.start, b.stop - o.start) for b, o in zip(box, outer))
 
 
-def _nic_tx() -> int | None:
-    try:
-        with open("/sys/class/net/mc0/statistics/tx_bytes") as f:
-            return int(f.read())
-    except OSError:
-        return None
-
-
 def _probe(rank: int, dph: int, hosts: int, nbytes: int) -> dict[str, float]:
     """Link speeds seen by the job: host 0 -> host 1 and rank 0 -> 1 (payload Gbit/s, median of
     3 after a warm-up) and the one-way latency of a 4-byte message (ping-pong / 2, median of 20)."""
@@ -565,7 +558,7 @@ def case_worker(rank: int, spec: JobSpec) -> dict[str, Any]:
             meshcast.reset_transfer_stats()
             baselines.cross_bytes = 0
             dist.barrier()
-            tx0 = _nic_tx() if nic_reader else None
+            tx0 = nic_tx_bytes() if nic_reader else None
             t0 = time.monotonic()
             if method == "gather-scatter":
                 out = baselines.gather_scatter(local)
@@ -575,7 +568,7 @@ def case_worker(rank: int, spec: JobSpec) -> dict[str, Any]:
                 out = meshcast.reshard(local, spec.plans[method], timeout=spec.timeout)
             t1 = time.monotonic()
             dist.barrier()  # every byte of this run has left this host
-            tx1 = _nic_tx() if nic_reader else None
+            tx1 = nic_tx_bytes() if nic_reader else None
             cross = (
                 baselines.cross_bytes
                 if method in BASELINES

@@ -26,6 +26,8 @@ import statistics
 import time
 from typing import Any
 
+from ..cluster import nic_tx_bytes
+
 METHODS = ("meshcast", "gather-broadcast", "full-tensor")
 
 
@@ -63,14 +65,6 @@ def _status(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _nic_tx() -> int | None:
-    try:
-        with open("/sys/class/net/mc0/statistics/tx_bytes") as f:
-            return int(f.read())
-    except OSError:
-        return None
 
 
 def weights_worker(rank: int, method: str, cfg: dict[str, int], reps: int) -> dict[str, Any]:
@@ -156,7 +150,7 @@ def weights_worker(rank: int, method: str, cfg: dict[str, int], reps: int) -> di
             f.write("5")  # reset VmHWM to the current RSS
     except OSError:
         pass
-    tx0 = _nic_tx()
+    tx0 = nic_tx_bytes()
     times = []
     out: dict[str, torch.Tensor] = {}
     for _ in range(reps):
@@ -165,7 +159,7 @@ def weights_worker(rank: int, method: str, cfg: dict[str, int], reps: int) -> di
         out = fn()
         dist.barrier()  # the sync is done when the slowest rank is done
         times.append(time.perf_counter() - t0)
-    tx1 = _nic_tx()
+    tx1 = nic_tx_bytes()
     peak = _status("VmHWM") - rss
     bad = [n for n in expect if n not in out or not torch.equal(
         out[n].view(torch.uint8) if out[n].dtype == torch.bool else out[n], expect[n])]

@@ -27,6 +27,7 @@ from .cluster import (
     down_all,
     list_clusters,
     netem_available,
+    nic_tx_bytes,
 )
 from .spawn import free_port, rank_env, spawn_in_host, start_job, wait_job
 
@@ -46,6 +47,7 @@ __all__ = [
     "free_port",
     "list_clusters",
     "netem_available",
+    "nic_tx_bytes",
     "rank_env",
     "spawn_in_host",
     "start_job",

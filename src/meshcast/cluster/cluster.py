@@ -57,6 +57,7 @@ __all__ = [
     "available",
     "list_clusters",
     "netem_available",
+    "nic_tx_bytes",
 ]
 
 #: Name of the default cluster (``meshcast cluster up`` without ``--name``).
@@ -465,3 +466,13 @@ def down_all(*, kill: bool = True, timeout: float = 5.0) -> list[str]:
             delete_netns(ns, kill=kill, timeout=timeout)
             removed.append(ns)
     return removed
+
+
+def nic_tx_bytes() -> int | None:
+    """Bytes sent so far through this host's emulated NIC (``IFACE``), read inside a host's
+    namespace; None outside an emulated host."""
+    try:
+        with open(f"/sys/class/net/{IFACE}/statistics/tx_bytes") as f:
+            return int(f.read())
+    except OSError:
+        return None

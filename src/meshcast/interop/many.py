@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..layout import Box, box_shape
 from ..plan import Plan
-from ..runtime.execute import DEFAULT_TIMEOUT, _agree, _fingerprint, _torch_dtype
+from ..runtime.execute import DEFAULT_TIMEOUT, _fingerprint, _torch_dtype, agree_inputs
 from ..runtime.p2p import Transport
 from .plans import DEFAULT_BUCKET_BYTES, Segment, build_schedule
 
@@ -118,9 +118,7 @@ def reshard_many(
     schedule = build_schedule(plans, bucket_bytes)
     ranks = schedule.ranks
     if ranks and ranks[-1] >= world:
-        raise ValueError(
-            f"the plans use rank {ranks[-1]}, but the process group has {world} ranks"
-        )
+        raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has {world} ranks")
     errors = list(_errors)
     if me not in ranks:
         if errors:
@@ -139,9 +137,11 @@ def reshard_many(
         dev = next((t.device for t in tensors if isinstance(t, torch.Tensor)), None)
     if dev is None:
         backend = str(dist.get_backend())
-        dev = torch.device("cuda", torch.cuda.current_device()) if (
-            "nccl" in backend and torch.cuda.is_available()
-        ) else torch.device("cpu")
+        dev = (
+            torch.device("cuda", torch.cuda.current_device())
+            if ("nccl" in backend and torch.cuda.is_available())
+            else torch.device("cpu")
+        )
     src_boxes = [p.task.src_box(me) for p in plans]
     for k, (t, box) in enumerate(zip(tensors, src_boxes)):
         why = _check(t, box, plans[k], me, dtypes[k], dev)
@@ -154,25 +154,13 @@ def reshard_many(
     for p in plans:
         for r, h in p.topology._host_of.items():
             host_of.setdefault(r, h)
-    transport = Transport(dist.group.WORLD, me, lambda r: r, host_of, timeout,
-                          caller="meshcast.reshard_many")
-    digest = _plans_digest(plans)
-    table = _agree(transport, list(ranks), bool(errors), digest, dev)
+    transport = Transport(
+        dist.group.WORLD, me, lambda r: r, host_of, timeout, caller="meshcast.reshard_many"
+    )
+    error = None
     if errors:
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ValueError(f"meshcast.reshard_many on rank {me}: {errors[0]}{more}")
-    differ = [r for r, (_, d) in zip(ranks, table) if d != digest]
-    if differ:
-        raise ValueError(
-            f"meshcast.reshard_many: ranks {differ} called with different plans than rank {me} "
-            f"(every rank must pass the same plans in the same order); nothing was sent"
-        )
-    bad = [r for r, (f, _) in zip(ranks, table) if f]
-    if bad:
-        raise ValueError(
-            f"meshcast.reshard_many: ranks {bad} passed inputs that do not fit the plans (see "
-            f"their errors); nothing was sent"
-        )
+        error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+    agree_inputs(transport, list(ranks), error, _plans_digest(plans), dev, "meshcast.reshard_many")
 
     dst_boxes = [p.task.dst_box(me) for p in plans]
     outs: list[torch.Tensor | None] = [
@@ -211,8 +199,7 @@ def reshard_many(
                         stats.zero_copy_messages += 1
                         stats.bytes_received += segs[0].nbytes
                         continue
-                buf = torch.empty(_msg_size(segs), dtype=torch.uint8,
-                                  device=dev)
+                buf = torch.empty(_msg_size(segs), dtype=torch.uint8, device=dev)
                 staged += buf.numel()
                 w = transport.irecv(buf, peer, tag)
                 posted_recvs.append((peer, segs, buf, w))
@@ -223,8 +210,7 @@ def reshard_many(
                     buf = _as_bytes(view(segs[0], "src"))
                     stats.zero_copy_messages += 1
                 else:
-                    buf = torch.empty(_msg_size(segs), dtype=torch.uint8,
-                                      device=dev)
+                    buf = torch.empty(_msg_size(segs), dtype=torch.uint8, device=dev)
                     staged += buf.numel()
                     off = 0
                     for s in segs:

@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_TIMEOUT",
+    "agree_inputs",
     "reshard",
 ]
 
@@ -145,22 +146,7 @@ def reshard(
     # Agree on validity before any data moves: every rank's error flag, gathered and shared.
     p2p_group = group if group is not None else dist.group.WORLD
     transport = Transport(p2p_group, me, to_global, plan.topology._host_of, timeout)
-    digest = _fingerprint(plan)
-    table = _agree(transport, ranks, error is not None, digest, dev)
-    if error is not None:
-        raise ValueError(f"meshcast.reshard: {error}")
-    differ = [r for r, (_, d) in zip(ranks, table) if d != digest]
-    if differ:
-        raise ValueError(
-            f"meshcast.reshard: ranks {differ} called with a different plan than rank {me} "
-            f"(every rank of the plan must pass the same plan); nothing was sent"
-        )
-    bad = [r for r, (f, _) in zip(ranks, table) if f]
-    if bad:
-        raise ValueError(
-            f"meshcast.reshard: ranks {bad} passed a local shard that does not fit the plan "
-            f"(see their errors); nothing was sent"
-        )
+    agree_inputs(transport, ranks, error, _fingerprint(plan), dev, "meshcast.reshard")
 
     dst_box = task.dst_box(me)
     out = None
@@ -184,6 +170,33 @@ AGREE_TAG = 2**31 - 2
 def _fingerprint(plan: Plan) -> int:
     """A 31-bit digest of the plan, equal on every rank that holds the same plan."""
     return int.from_bytes(hashlib.sha1(plan.to_json().encode()).digest()[:4], "little") >> 1
+
+
+def agree_inputs(
+    transport: Transport,
+    ranks: list[int],
+    error: str | None,
+    digest: int,
+    device: torch.device,
+    caller: str,
+) -> None:
+    """Before any data moves, every plan rank learns whether all inputs fit and all ranks hold
+    the same plans (``digest``); if not, every rank raises ``ValueError`` naming the ranks."""
+    table = _agree(transport, ranks, error is not None, digest, device)
+    if error is not None:
+        raise ValueError(f"{caller} on rank {transport.me}: {error}")
+    differ = [r for r, (_, d) in zip(ranks, table) if d != digest]
+    if differ:
+        raise ValueError(
+            f"{caller}: ranks {differ} called with different plans than rank {transport.me} "
+            f"(every rank must pass the same plans in the same order); nothing was sent"
+        )
+    bad = [r for r, (f, _) in zip(ranks, table) if f]
+    if bad:
+        raise ValueError(
+            f"{caller}: ranks {bad} passed inputs that do not fit the plans (see their errors); "
+            f"nothing was sent"
+        )
 
 
 def _agree(
