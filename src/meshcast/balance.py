@@ -680,19 +680,7 @@ def _dispatch(items: list[_Item], lat: float) -> list[Op]:
     total goes first. The plan lists items by start time. A lazy heap keeps this
     O(n log n) (an item's earliest start only grows).
     """
-    load: dict[tuple[int, int], float] = {}
-    for it in items:
-        for r in it.ranks:
-            load[(0, r)] = load.get((0, r), 0.0) + it.dur
-        for k in it.nics:
-            load[(1, k)] = load.get((1, k), 0.0) + it.dur - lat
-    crit = [
-        max(
-            max((load[(0, r)] for r in it.ranks), default=0.0),
-            max((load[(1, k)] for k in it.nics), default=0.0),
-        )
-        for it in items
-    ]
+    crit = _crit(items, lat)
     free_rank: dict[int, float] = {}
     free_nic: dict[int, float] = {}
 
