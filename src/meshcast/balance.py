@@ -381,20 +381,11 @@ class _Nets:
 
     def __init__(self, topology: Topology) -> None:
         self.host_of = topology._host_of
-        self.nic: dict[int, int] = {}
-        self.out_bw: list[float] = []
-        self.in_bw: list[float] = []
-        g = 0
-        for h, ranks in enumerate(topology.hosts):
-            k = topology.nics_per_host[h]
-            per_nic = -(-len(ranks) // k)
-            for j, r in enumerate(ranks):
-                self.nic[r] = g + j // per_nic
-            self.out_bw += [topology.nic_out_gbps[h] * _GBIT] * k
-            self.in_bw += [topology.nic_in_gbps[h] * _GBIT] * k
-            g += k
-        self.out_load = [0.0] * g
-        self.in_load = [0.0] * g
+        self.nic, host_of_nic = topology.global_nics()
+        self.out_bw = [topology.nic_out_gbps[h] * _GBIT for h in host_of_nic]
+        self.in_bw = [topology.nic_in_gbps[h] * _GBIT for h in host_of_nic]
+        self.out_load = [0.0] * len(host_of_nic)
+        self.in_load = [0.0] * len(host_of_nic)
         self.rank_load: dict[int, float] = {}
         self.lat = topology.latency_us * 1e-6
         self.intra = topology.intra_gbps * _GBIT

@@ -118,22 +118,13 @@ class _Nics:
     """Global NIC numbering: NIC ``k`` of host ``h``; outbound resource 2g, inbound 2g+1."""
 
     def __init__(self, topology: Topology) -> None:
-        self.gid: dict[int, int] = {}
+        self.gid, self.host_of_nic = topology.global_nics()
         self.names: list[str] = []
-        caps: list[float] = []
-        self.host_of_nic: list[int] = []
-        g = 0
-        for h, ranks in enumerate(topology.hosts):
-            k = topology.nics_per_host[h]
-            per_nic = -(-len(ranks) // k)
-            for j, r in enumerate(ranks):
-                self.gid[r] = g + j // per_nic
-            for j in range(k):
-                self.names += [f"h{h}.nic{j} out", f"h{h}.nic{j} in"]
-                caps += [topology.nic_out_gbps[h] * _GBIT, topology.nic_in_gbps[h] * _GBIT]
-                self.host_of_nic.append(h)
-            g += k
-        self.caps = caps
+        self.caps: list[float] = []
+        for g, h in enumerate(self.host_of_nic):
+            j = g - self.host_of_nic.index(h)
+            self.names += [f"h{h}.nic{j} out", f"h{h}.nic{j} in"]
+            self.caps += [topology.nic_out_gbps[h] * _GBIT, topology.nic_in_gbps[h] * _GBIT]
 
 
 def _op_model(plan: Plan, topology: Topology, nics: _Nics):

@@ -205,6 +205,19 @@ class Topology:
         per_nic = -(-len(ranks) // self.nics_per_host[h])
         return h, ranks.index(rank) // per_nic
 
+    def global_nics(self) -> tuple[dict[int, int], list[int]]:
+        """Every NIC numbered across hosts (host 0's NICs first): ``({rank: global NIC id},
+        [host of each global NIC])``, with devices attached as in :meth:`nic_of`."""
+        nic_of: dict[int, int] = {}
+        host_of_nic: list[int] = []
+        for h, ranks in enumerate(self.hosts):
+            k = self.nics_per_host[h]
+            per_nic = -(-len(ranks) // k)
+            for j, r in enumerate(ranks):
+                nic_of[r] = len(host_of_nic) + j // per_nic
+            host_of_nic += [h] * k
+        return nic_of, host_of_nic
+
     def covers(self, ranks: Iterable[int]) -> None:
         """Raise ValueError naming the first rank missing from the topology."""
         missing = [r for r in ranks if r not in self._host_of]
