@@ -16,6 +16,7 @@ from meshcast import balance as balance_mod
 from meshcast.balance import SEARCH_NODE_BUDGET, order_plan
 from meshcast.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
 from meshcast.cli import main
+from meshcast.simulate import time_floor
 
 P3 = dict(nic_in_gbps=10.0, nic_out_gbps=10.0, intra_gbps=800.0, latency_us=30.0)
 FIXED = [(s, b) for s in mc.STRATEGIES for b in ("none", "size", "order")]
@@ -46,9 +47,17 @@ def test_new_balances_reproduce_tensor_and_respect_lower_bound(task):
 def test_lower_bound_never_above_any_fixed_plan_and_auto_is_best(task):
     topo = p3_topology(task)
     bound = mc.lower_bound(task, topo)
-    times = [mc.simulate(mc.plan(task, topo, strategy=s, balance=b)).time_s for s, b in FIXED]
+    plans = [mc.plan(task, topo, strategy=s, balance=b) for s, b in FIXED]
+    times = [mc.simulate(p).time_s for p in plans]
     assert min(times) >= bound
     assert mc.simulate(mc.plan(task, topo)).time_s <= min(times)
+    # the quick floor that lets auto skip simulating a plan never exceeds the simulated time
+    for p, t in zip(plans, times):
+        assert time_floor(p, topo) <= t * (1 + 1e-12)
+    # with one receiver to reach per slice the strategies build the same operations
+    if balance_mod._one_remote_receiver(task):
+        for k in range(3):
+            assert plans[k].ops == plans[3 + k].ops == plans[6 + k].ops
 
 
 @pytest.mark.parametrize("case", PAPER_CASES, ids=lambda c: c.name)
@@ -220,7 +229,10 @@ def test_host_bound_exact_when_every_rank_of_a_host_needs_every_slice():
     lb = mc.lower_bound_details(task, topo)
     assert lb.host_s == pytest.approx(2 * (2 * lat + tr + min(tr, lat)) / 2, rel=1e-12)
     assert lb.seconds == pytest.approx(lb.host_s, rel=1e-6)
-    assert lb.seconds > lb.inbound_s + lb.latency_s and lb.seconds > lb.rank_s
+    assert lb.seconds > lb.inbound_s + lb.latency_s
+    # per rank the same here: each half reaches a receiver in one crossing operation (lat + tr)
+    # or in two or more operations (2 * lat)
+    assert lb.rank_s == pytest.approx(2 * (lat + min(tr, lat)), rel=1e-12)
     # two broadcasts into the same two ranks, one after the other, reach it
     assert mc.simulate(mc.plan(task, topo)).time_s == pytest.approx(2 * (lat + tr), rel=1e-9)
 
@@ -359,3 +371,14 @@ def test_local_search_keeps_a_permutation_and_never_slows():
                                       task.src))
     assert np.array_equal(mc.gather(out, task.dst, task.shape),
                           np.arange(96 * 64, dtype=np.float32).reshape(96, 64))
+
+
+def test_simulate_refuses_an_allgather_with_an_empty_part():
+    """The lower bound counts an extra latency for a member that re-joins a slice in an
+    all-gather (its part came in an earlier operation); an empty part would break that."""
+    task, topo = _p3_task((8,), "int32", mc.Mesh.from_range(0, (1, 1)), "R",
+                          mc.Mesh.from_range(1, (1, 2)), "R")
+    ops = (mc.Send(0, 1, (slice(0, 8),)),
+           mc.AllGather((1, 2), (slice(0, 8),), ((slice(0, 8),), (slice(8, 8),))))
+    with pytest.raises(ValueError, match="non-empty part per member"):
+        mc.simulate(mc.Plan(task, ops, "allgather", "none", topo))

@@ -16,8 +16,9 @@ non-delay dispatch with NICs held only while bytes move; seeded non-delay trials
 plus every fixed strategy x balance plan is simulated and the fastest is kept, then improved by a
 seeded local search over the order when it is far above the lower bound. Above
 :data:`AUTO_SIM_LIMIT` unit slices one vectorised plan is built; it is kept when its exact time
-(evaluated round by round where no NIC serves two ranks) meets the lower bound, and otherwise
-simulated against the nine fixed combinations. See ``docs/scheduling.md``.
+(evaluated round by round where no NIC serves two ranks, else simulated) meets the lower bound,
+and otherwise compared with the fixed combinations, skipping each one whose quick time floor
+shows it cannot be faster. See ``docs/scheduling.md``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from .task import ReshardTask, SliceInfo, iter_slices
 from .topology import Topology
 
 __all__ = [
-    "AUTO_CHECK_LIMIT",
     "AUTO_SEARCH_BUDGET",
     "AUTO_SEARCH_GAP",
     "AUTO_SEARCH_STEPS",
@@ -44,6 +44,7 @@ __all__ = [
     "AUTO_TRIALS",
     "AUTO_TRIAL_BUDGET",
     "CERTIFY_TOL",
+    "FLOOR_TOL",
     "ORDER_NODE_BUDGET",
     "ORDER_TRIALS",
     "SEARCH_MAX_JOBS",
@@ -64,11 +65,11 @@ SEARCH_NODE_BUDGET = 20_000
 SEARCH_MAX_JOBS = 12
 """The search runs when an instance has at most this many network transfers."""
 AUTO_SIM_LIMIT = 20_000
-"""Above this many unit-slice transfers ``"auto"`` builds one plan and simulates no candidate."""
-AUTO_CHECK_LIMIT = 100_000
-"""Above this many unit slices an uncertified large plan is returned without being simulated
-against the nine fixed combinations (that check costs about a minute at 262,144 slices): the
-"never slower than a fixed combination" guarantee then does not hold. See docs/scheduling.md."""
+"""Above this many unit slices ``"auto"`` builds one vectorised plan instead of its candidates,
+and checks it against the fixed combinations only where it cannot certify it optimal; below it
+but above this many transfers, ``"auto"`` builds one variant of its own plan and no trials."""
+FLOOR_TOL = 1e-9
+"""Relative float margin under which a fixed plan's quick time floor is trusted to rule it out."""
 CERTIFY_TOL = 1e-9
 """Above :data:`AUTO_SIM_LIMIT`, the one plan built is kept without simulating others when its
 exact time is within this relative margin of the lower bound (before the bound's own 1e-9 float
@@ -996,20 +997,7 @@ def auto_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Pl
 
     dec = task.decomposition
     if strategy in (None, "broadcast") and len(dec) > AUTO_SIM_LIMIT:
-        large, exact = _large_plan(task, topology)
-        if exact is not None:
-            lbd = lower_bound_details(task, topology)
-            if exact <= _raw_bound(lbd) * (1 + CERTIFY_TOL):
-                return large  # provably within CERTIFY_TOL of the bound: no plan is faster
-        if len(dec) > AUTO_CHECK_LIMIT:
-            return large  # too large to check against the fixed combinations in planning time
-        # not certified: keep the guarantee by simulating it against the fixed combinations
-        candidates = [(large.strategy, "own", large.ops, ())]
-        for s in STRATEGIES if strategy is None else (strategy,):
-            for b in ("none", "size", "order"):
-                p = plan(task, topology, strategy=s, balance=b)
-                candidates.append((s, b, p.ops, p.fallbacks))
-        return _fastest(task, topology, candidates)
+        return _checked_large_plan(task, topology, strategy)
     slices = list(iter_slices(task))
     transfers = sum(len(s.remote) for s in slices)
     lbd = lower_bound_details(task, topology)
@@ -1055,6 +1043,55 @@ def auto_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Pl
                 return Plan(task, ops, label, "auto", topology, fallbacks)
     label, _, ops, fallbacks = candidates[best]
     return Plan(task, ops, label, "auto", topology, fallbacks)
+
+
+def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Plan:
+    """Above :data:`AUTO_SIM_LIMIT` slices: the vectorised plan, kept if it meets the lower
+    bound; otherwise the fastest of it and the fixed combinations (ties: the vectorised plan).
+
+    A fixed plan is simulated only when its :func:`~meshcast.simulate.time_floor` is below the
+    best time so far and its operations differ from every plan simulated before; when every
+    slice has at most one receiver to reach, the three strategies build the same operations
+    (one ``Send`` per transfer, the same senders, the same order), so one strategy stands for all.
+    """
+    from .planner import STRATEGIES, plan
+    from .simulate import simulate, time_floor
+
+    large, exact = _large_plan(task, topology)
+    bound = _raw_bound(lower_bound_details(task, topology))
+    if exact is not None and exact <= bound * (1 + CERTIFY_TOL):
+        return large  # provably within CERTIFY_TOL of the bound: no plan is faster
+    best = large
+    best_t = exact if exact is not None else simulate(large, topology).time_s
+    if best_t <= bound * (1 + CERTIFY_TOL):
+        return large
+    strategies = STRATEGIES if strategy is None else (strategy,)
+    if len(strategies) > 1 and _one_remote_receiver(task):
+        strategies = strategies[:1]
+    seen = {_ops_key(large.ops)}
+    for s in strategies:
+        for b in ("none", "size", "order"):
+            p = plan(task, topology, strategy=s, balance=b)
+            key = _ops_key(p.ops)
+            if key in seen or time_floor(p, topology) * (1 - FLOOR_TOL) >= best_t:
+                continue
+            seen.add(key)
+            t = simulate(p, topology).time_s
+            if t < best_t:
+                best, best_t = Plan(task, p.ops, s, "auto", topology, p.fallbacks), t
+    return best
+
+
+def _one_remote_receiver(task: ReshardTask) -> bool:
+    """Whether every unit slice has at most one receiver that does not hold it."""
+    dec = task.decomposition
+    holders = [set(h) for h in dec.holders_of_tile]
+    pairs = np.unique(dec.src_tile * len(dec.receivers_of_tile) + dec.dst_tile)
+    n_dst = len(dec.receivers_of_tile)
+    return all(
+        sum(r not in holders[s] for r in dec.receivers_of_tile[t]) <= 1
+        for s, t in zip((pairs // n_dst).tolist(), (pairs % n_dst).tolist())
+    )
 
 
 def _local_search(

@@ -9,20 +9,25 @@
   ``latency_us`` once when any byte must cross hosts.
 * Per rank (latency): an operation carries data of one unit slice at most (its box lies in one
   source shard and in the destination shard of every receiver), and a rank runs its operations one
-  after another, each paying ``latency_us``. So a receiver needing n unit slices it does not hold
-  takes at least ``n * latency + bytes / fastest link``. On the sending side, the k holders of a
-  source tile (they hold no other tile) must run at least one operation per slice of it that
-  must move, so one of them runs ``ceil(n / k)``; and together they spend at least
-  ``latency + bytes / B_out`` (one NIC's rate) on each such slice none of whose receivers sits on
-  a holder host. These terms matter for small tensors cut into many small slices.
+  after another, each paying ``latency_us``. So a receiver pays at least ``latency + bytes /
+  fastest link`` for each unit slice it lacks, and ``latency + min(bytes / NIC, latency)`` for one
+  no rank of its host holds: the first operation that brings it such bytes crosses the NIC (an
+  intra-host sender is a holder, and an AllGather member contributes a non-empty part it must
+  have received before), so either that one operation brings it all (waiting for the bytes at
+  one NIC's rate) or it takes part in two. On the sending side, the k holders of a source tile
+  (they hold no other tile) must run at least one operation per slice of it that must move, so
+  one of them runs ``ceil(n / k)``; and together they spend at least ``latency + bytes / B_out``
+  (one NIC's rate) on each such slice none of whose receivers sits on a holder host. These terms
+  matter for small tensors cut into many small slices.
 * Per host (rank time): the ranks of host h are busy at most ``|ranks of h| * T`` together. A
-  slice that k ranks of h lack costs them at least ``k*lat + tr + min((k-1)*tr, lat)`` if no rank
-  of h holds it and ``k*lat + min(k*tr, lat)`` if one does (``tr`` = bytes over one inbound NIC
-  of h): every receiver pays a latency; either all of them are busy while the bytes cross into h,
-  or an intra-host operation (sender a holder, or an AllGather member that received a part
-  before) pays one more latency. A slice held on h alone and needed elsewhere costs the ranks of
-  h ``lat + bytes / B_out``. Proof in ``docs/scheduling.md``; it needs every operation to carry
-  data of one unit slice at most, which every plan of :func:`meshcast.plan` does.
+  slice that k ranks of h lack costs them at least ``k*lat + tr + (k-1) * min(tr, lat)`` if no
+  rank of h holds it (``tr`` = bytes over one inbound NIC of h; by the per-rank argument each
+  receiver waits for the whole transfer or pays a second latency, and the bytes cross once at
+  least) and ``k*lat + min(k*tr, lat)`` if one does (an intra-host operation pays one more
+  latency). A slice held on h alone and needed elsewhere costs the ranks of h
+  ``lat + bytes / B_out``. Proof in ``docs/scheduling.md``; it needs every operation to carry
+  data of one unit slice at most and every AllGather part to be non-empty, which every plan of
+  :func:`meshcast.plan` satisfies (:func:`meshcast.simulate` refuses empty parts).
 
 The bound holds for every plan the simulator can run; ``efficiency = lower_bound / time``.
 """
@@ -163,7 +168,22 @@ def _rank_bound(
         *(g * k for g, k in zip(topology.nic_in_gbps, topology.nics_per_host)),
         *(g * k for g, k in zip(topology.nic_out_gbps, topology.nics_per_host)),
     ) * _GBIT
-    per_rank = n_recv * lat + b_recv / fastest
+    # a slice no rank of the receiver's host holds reaches it either in one operation that crosses
+    # into the host (lat + bytes over one inbound NIC) or in two or more (an AllGather member
+    # contributes a part it received before): lat + min(bytes / NIC, lat), not bytes / fastest
+    host_of = topology._host_of
+    rank_host = np.array([host_of[r] for r in ranks])
+    nic_in = np.array(topology.nic_in_gbps, dtype=float)[rank_host] * _GBIT
+    held_by_host = held_host.T.astype(float)  # host x src tile
+    off_bytes = np.zeros(len(ranks))
+    off_cost = np.zeros(len(ranks))
+    for rate in np.unique(nic_in):
+        on = nic_in == rate
+        extra = np.minimum(weight / rate, lat)
+        for mat, out in ((weight, off_bytes), (extra, off_cost)):
+            per_host = mat.sum(axis=0)[None, :] - held_by_host @ mat  # host x dst tile
+            out[on] = (per_host[rank_host[on]] * wanted[:, on].T).sum(axis=1)
+    per_rank = n_recv * lat + np.maximum(b_recv - off_bytes, 0.0) / fastest + off_cost
     per_tile = n_send * lat + b_send / fastest
     # senders, with NIC rates: a slice no receiver of which sits on a holder host crosses a NIC
     # in every operation that carries it, at most at the fastest single outbound NIC's rate
@@ -218,7 +238,7 @@ def _host_bound(
         recv = np.where(
             held_host[sh, h],
             k * lat + np.minimum(k * tr, lat),
-            k * lat + tr + np.minimum((k - 1) * tr, lat),
+            k * lat + tr + (k - 1) * np.minimum(tr, lat),
         )
         best = max(best, float(recv[k > 0].sum()) / size[h])
     # sending: slices held on one host alone that some other host needs
