@@ -16,7 +16,6 @@ from meshcast import balance as balance_mod
 from meshcast.balance import SEARCH_NODE_BUDGET, order_plan
 from meshcast.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
 from meshcast.cli import main
-from meshcast.simulate import time_floor
 
 P3 = dict(nic_in_gbps=10.0, nic_out_gbps=10.0, intra_gbps=800.0, latency_us=30.0)
 FIXED = [(s, b) for s in mc.STRATEGIES for b in ("none", "size", "order")]
@@ -53,7 +52,7 @@ def test_lower_bound_never_above_any_fixed_plan_and_auto_is_best(task):
     assert mc.simulate(mc.plan(task, topo)).time_s <= min(times)
     # the quick floor that lets auto skip simulating a plan never exceeds the simulated time
     for p, t in zip(plans, times):
-        assert time_floor(p, topo) <= t * (1 + 1e-12)
+        assert mc.time_floor(p, topo) <= t * (1 + 1e-12)
     # with one receiver to reach per slice the strategies build the same operations
     if balance_mod._one_remote_receiver(task):
         for k in range(3):

@@ -10,7 +10,7 @@ from .lower_bound import LowerBound, lower_bound, lower_bound_details
 from .mesh import Mesh
 from .plan import AllGather, Broadcast, Copy, Op, Plan, Send
 from .planner import BALANCES, STRATEGIES, plan
-from .simulate import SimReport, simulate
+from .simulate import SimReport, simulate, time_floor
 from .task import ReshardTask, UnitSlice
 from .topology import Topology
 
@@ -41,6 +41,7 @@ __all__ = [
     "plan",
     "scatter",
     "simulate",
+    "time_floor",
 ]
 
 __version__ = "0.1.0"

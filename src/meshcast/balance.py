@@ -1058,13 +1058,9 @@ def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | N
     from .simulate import simulate, time_floor
 
     large, exact = _large_plan(task, topology)
-    bound = _raw_bound(lower_bound_details(task, topology))
-    if exact is not None and exact <= bound * (1 + CERTIFY_TOL):
-        return large  # provably within CERTIFY_TOL of the bound: no plan is faster
-    best = large
-    best_t = exact if exact is not None else simulate(large, topology).time_s
-    if best_t <= bound * (1 + CERTIFY_TOL):
-        return large
+    best, best_t = large, exact if exact is not None else simulate(large, topology).time_s
+    if best_t <= _raw_bound(lower_bound_details(task, topology)) * (1 + CERTIFY_TOL):
+        return large  # within CERTIFY_TOL of the bound: no plan is faster
     strategies = STRATEGIES if strategy is None else (strategy,)
     if len(strategies) > 1 and _one_remote_receiver(task):
         strategies = strategies[:1]
@@ -1086,8 +1082,8 @@ def _one_remote_receiver(task: ReshardTask) -> bool:
     """Whether every unit slice has at most one receiver that does not hold it."""
     dec = task.decomposition
     holders = [set(h) for h in dec.holders_of_tile]
-    pairs = np.unique(dec.src_tile * len(dec.receivers_of_tile) + dec.dst_tile)
     n_dst = len(dec.receivers_of_tile)
+    pairs = np.unique(dec.src_tile * n_dst + dec.dst_tile)
     return all(
         sum(r not in holders[s] for r in dec.receivers_of_tile[t]) <= 1
         for s, t in zip((pairs // n_dst).tolist(), (pairs % n_dst).tolist())
@@ -1147,13 +1143,3 @@ def _simulate_all(
             seen[key] = t
         out.append(t)
     return out
-
-
-def _fastest(
-    task: ReshardTask, topology: Topology, candidates: list[tuple[str, str, tuple[Op, ...], tuple]]
-) -> Plan:
-    """The candidate with the smallest simulated time (ties: the earliest)."""
-    times = _simulate_all(task, topology, candidates)
-    best = min(range(len(candidates)), key=lambda i: (times[i], i))
-    label, _, ops, fallbacks = candidates[best]
-    return Plan(task, ops, label, "auto", topology, fallbacks)
