@@ -15,7 +15,9 @@ scheduling (round colourings by rank, or by rank and NIC; list schedules; earlie
 non-delay dispatch with NICs held only while bytes move; seeded non-delay trials); every variant
 plus every fixed strategy x balance plan is simulated and the fastest is kept, then improved by a
 seeded local search over the order when it is far above the lower bound. Above
-:data:`AUTO_SIM_LIMIT` unit slices one vectorised plan is built; it is kept when its exact time
+:data:`AUTO_SIM_LIMIT` unit slices one vectorised plan is built (rank-disjoint rounds, and where
+NICs are shared also a phased order that overlaps one half of each NIC's start-ups with the other
+half's transfers); it is kept when its exact time
 (evaluated round by round where no NIC serves two ranks, else simulated) meets the lower bound,
 and otherwise compared with the fixed combinations, skipping each one whose quick time floor
 shows it cannot be faster. See ``docs/scheduling.md``.
@@ -904,12 +906,86 @@ def _rounds(senders: list[int], remotes: list[tuple[int, ...]]) -> np.ndarray:
     return out
 
 
-def _large_plan(task: ReshardTask, topology: Topology) -> tuple[Plan, float | None]:
+def _phased_sends(
+    senders: list[int], remotes: list[tuple[int, ...]], boxes: list[Box], topology: Topology
+) -> list[Op] | None:
+    """Sends of a complete bipartite graph (every sender once to every receiver) ordered in two
+    phases, for NICs that serve an even number of senders (receivers); None otherwise.
+
+    Latin-square rounds over all ranks start every operation of a round together: all the ranks
+    of a NIC pay their start-up at once and the NIC idles meanwhile. Here the ranks of each NIC
+    are cut into two halves (in rank order) and the pairs into two epochs: first half to first
+    half and second to second, then crosswise; each block (a sender half x a receiver half) is a
+    Latin square of its own, and the blocks of an epoch share no rank. The first operation of
+    each second-half sender in each epoch is cut into a one-row piece and the rest, so its block
+    runs one start-up behind the other: one half's transfers fill the NIC while the other half
+    pays its start-ups.
+    """
+    n = len(senders)
+    if not n or any(len(r) != 1 for r in remotes):
+        return None
+    snd = np.array(senders, dtype=np.int64)
+    rcv = np.array([r[0] for r in remotes], dtype=np.int64)
+    s_ranks, i = np.unique(snd, return_inverse=True)
+    r_ranks, j = np.unique(rcv, return_inverse=True)
+    if n != len(s_ranks) * len(r_ranks) or len(np.unique(i * len(r_ranks) + j)) != n:
+        return None
+    if np.intersect1d(s_ranks, r_ranks).size:
+        return None
+    nic, _ = topology.global_nics()
+
+    def halves(ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per rank: its half (0, 1) among its NIC's ranks, and its index within that half;
+        None unless every NIC serves an even number of them."""
+        nics = np.array([nic[r] for r in ranks.tolist()], dtype=np.int64)
+        if (np.bincount(nics)[nics] % 2).any():
+            return None
+        order = np.lexsort((ranks, nics))
+        pos = np.empty(len(ranks), dtype=np.int64)
+        starts = np.searchsorted(nics[order], nics[order], side="left")
+        pos[order] = np.arange(len(ranks)) - starts
+        size = np.bincount(nics)[nics]
+        half = (pos >= size // 2).astype(np.int64)
+        index = np.empty(len(ranks), dtype=np.int64)
+        for h in (0, 1):
+            members = np.flatnonzero(half == h)
+            index[members] = np.arange(len(members))
+        return half, index
+
+    sides = halves(s_ranks), halves(r_ranks)
+    if sides[0] is None or sides[1] is None:
+        return None  # halves of unequal size load the NICs unevenly (measured slower)
+    (s_half, s_index), (r_half, r_index) = sides
+    n_s = np.bincount(s_half, minlength=2)
+    n_r = np.bincount(r_half, minlength=2)
+    gs, gr = s_half[i], r_half[j]
+    k = np.maximum(n_s[gs], n_r[gr])
+    epoch = gs ^ gr
+    rounds = (r_index[j] - s_index[i]) % k
+    order = np.lexsort((np.arange(n), gs, rounds, epoch)).tolist()
+    ops: list[Op] = []
+    lead: set[tuple[int, int]] = set()  # (epoch, sender) whose first operation is placed
+    for p in order:
+        a, b, box = senders[p], remotes[p][0], boxes[p]
+        key = (int(epoch[p]), a)
+        if gs[p] and key not in lead:
+            lead.add(key)
+            d = max(range(len(box)), key=lambda x: box[x].stop - box[x].start)
+            lo, hi = box[d].start, box[d].stop
+            if hi - lo >= 2:
+                ops.append(Send(a, b, (*box[:d], slice(lo, lo + 1), *box[d + 1 :])))
+                box = (*box[:d], slice(lo + 1, hi), *box[d + 1 :])
+        ops.append(Send(a, b, box))
+    return ops
+
+
+def _large_plan(task: ReshardTask, topology: Topology) -> tuple[Plan, float | None, Plan | None]:
     """``"auto"`` above :data:`AUTO_SIM_LIMIT` transfers: one broadcast per slice, senders in
     turn among the holders of each source tile (vectorised), ordered in rank-disjoint rounds.
 
-    Returns the plan and, when no NIC serves two ranks, its exact simulated time
-    (:func:`_rounds_time`); None otherwise."""
+    Returns the plan; its exact simulated time (:func:`_rounds_time`) when no NIC serves two
+    ranks, else None; and where NICs are shared, the same sends in the order of
+    :func:`_phased_sends` when that applies, else None."""
     dec = task.decomposition
     n = len(dec)
     src_t = dec.src_tile
@@ -955,7 +1031,10 @@ def _large_plan(task: ReshardTask, topology: Topology) -> tuple[Plan, float | No
     order = order_a.tolist()
     out = Plan(task, (*copies, *(ops[j] for j in order)), "broadcast", "auto", topology)
     if not _unshared_nics(topology):
-        return out, None
+        phased = _phased_sends(senders, remotes, [boxes[i] for i in keep], topology)
+        if phased is None:
+            return out, None, None
+        return out, None, Plan(task, (*copies, *phased), "broadcast", "auto", topology)
     nets = _Nets(topology)
     itemsize = task.itemsize
     copy_end: dict[int, float] = {}
@@ -987,7 +1066,7 @@ def _large_plan(task: ReshardTask, topology: Topology) -> tuple[Plan, float | No
     counts = counts[order_a] if len(ops) else counts
     nbytes = sizes[np.asarray(keep, dtype=np.int64)[order_a]] * itemsize if keep else sizes[:0]
     slots = slot[order_a] if keep else np.zeros(0, dtype=np.int64)
-    return out, _rounds_time(topology, copy_end, flat, counts, nbytes, rate, slots)
+    return out, _rounds_time(topology, copy_end, flat, counts, nbytes, rate, slots), None
 
 
 def auto_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Plan:
@@ -1023,6 +1102,10 @@ def auto_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Pl
                 for k in range(trials):
                     rng = np.random.default_rng([SEED, c, k])
                     candidates.append((label, "own", tuple(_dispatch_nd(items, lat, rng)), ()))
+        # the vectorised plans of larger tasks (rank-disjoint rounds; phased on shared NICs)
+        for large in _large_plan(task, topology)[::2]:
+            if large is not None:
+                candidates.append(("broadcast", "own", large.ops, ()))
     # the nine fixed combinations are always candidates: auto is never slower than any of them
     for s in STRATEGIES if strategy is None else (strategy,):
         for b in ("none", "size", "order"):
@@ -1046,8 +1129,9 @@ def auto_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Pl
 
 
 def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Plan:
-    """Above :data:`AUTO_SIM_LIMIT` slices: the vectorised plan, kept if it meets the lower
-    bound; otherwise the fastest of it and the fixed combinations (ties: the vectorised plan).
+    """Above :data:`AUTO_SIM_LIMIT` slices: the vectorised plan (or its phased order, if that
+    simulates faster), kept if it meets the lower bound; otherwise the fastest of it and the
+    fixed combinations (ties: the vectorised plan).
 
     A fixed plan is simulated only when its :func:`~meshcast.simulate.time_floor` is below the
     best time so far and its operations differ from every plan simulated before; when every
@@ -1057,14 +1141,18 @@ def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | N
     from .planner import STRATEGIES, plan
     from .simulate import simulate, time_floor
 
-    large, exact = _large_plan(task, topology)
+    large, exact, phased = _large_plan(task, topology)
     best, best_t = large, exact if exact is not None else simulate(large, topology).time_s
+    if phased is not None:
+        t = simulate(phased, topology).time_s
+        if t < best_t:
+            best, best_t = phased, t
     if best_t <= _raw_bound(lower_bound_details(task, topology)) * (1 + CERTIFY_TOL):
-        return large  # within CERTIFY_TOL of the bound: no plan is faster
+        return best  # within CERTIFY_TOL of the bound: no plan is faster
+    seen = {_ops_key(p.ops) for p in (large, phased) if p is not None}
     strategies = STRATEGIES if strategy is None else (strategy,)
     if len(strategies) > 1 and _one_remote_receiver(task):
         strategies = strategies[:1]
-    seen = {_ops_key(large.ops)}
     for s in strategies:
         for b in ("none", "size", "order"):
             p = plan(task, topology, strategy=s, balance=b)
