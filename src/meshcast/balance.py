@@ -882,16 +882,10 @@ def _rounds(senders: list[int], remotes: list[tuple[int, ...]]) -> np.ndarray:
     (bit masks per rank).
     """
     n = len(senders)
-    if n and all(len(r) == 1 for r in remotes):
-        snd = np.array(senders, dtype=np.int64)
-        rcv = np.array([r[0] for r in remotes], dtype=np.int64)
-        _, i = np.unique(snd, return_inverse=True)
-        _, j = np.unique(rcv, return_inverse=True)
-        k = int(max(i.max(), j.max())) + 1
-        n_s, n_r = int(i.max()) + 1, int(j.max()) + 1
-        complete = n == n_s * n_r and len(np.unique(i * k + j)) == n
-        if complete and not set(senders).intersection(rcv.tolist()):
-            return (i + j) % k
+    graph = _complete_bipartite(senders, remotes)
+    if graph is not None:
+        s_ranks, r_ranks, i, j = graph
+        return (i + j) % max(len(s_ranks), len(r_ranks))
     used: dict[int, int] = {}
     out = np.empty(n, dtype=np.int64)
     for pos, (sender, remote) in enumerate(zip(senders, remotes)):
@@ -904,6 +898,23 @@ def _rounds(senders: list[int], remotes: list[tuple[int, ...]]) -> np.ndarray:
             used[r] = used.get(r, 0) | b
         out[pos] = b.bit_length()
     return out
+
+
+def _complete_bipartite(
+    senders: list[int], remotes: list[tuple[int, ...]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """For sends in which every sender sends once to every receiver and no rank is on both sides:
+    the sender ranks, the receiver ranks (sorted), and each send's index into both; else None."""
+    n = len(senders)
+    if not n or any(len(r) != 1 for r in remotes):
+        return None
+    s_ranks, i = np.unique(np.array(senders, dtype=np.int64), return_inverse=True)
+    r_ranks, j = np.unique(np.array([r[0] for r in remotes], dtype=np.int64), return_inverse=True)
+    if n != len(s_ranks) * len(r_ranks) or len(np.unique(i * len(r_ranks) + j)) != n:
+        return None
+    if np.intersect1d(s_ranks, r_ranks).size:
+        return None
+    return s_ranks, r_ranks, i, j
 
 
 def _phased_sends(
@@ -921,30 +932,23 @@ def _phased_sends(
     runs one start-up behind the other: one half's transfers fill the NIC while the other half
     pays its start-ups.
     """
-    n = len(senders)
-    if not n or any(len(r) != 1 for r in remotes):
+    graph = _complete_bipartite(senders, remotes)
+    if graph is None:
         return None
-    snd = np.array(senders, dtype=np.int64)
-    rcv = np.array([r[0] for r in remotes], dtype=np.int64)
-    s_ranks, i = np.unique(snd, return_inverse=True)
-    r_ranks, j = np.unique(rcv, return_inverse=True)
-    if n != len(s_ranks) * len(r_ranks) or len(np.unique(i * len(r_ranks) + j)) != n:
-        return None
-    if np.intersect1d(s_ranks, r_ranks).size:
-        return None
+    s_ranks, r_ranks, i, j = graph
     nic, _ = topology.global_nics()
 
     def halves(ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Per rank: its half (0, 1) among its NIC's ranks, and its index within that half;
         None unless every NIC serves an even number of them."""
         nics = np.array([nic[r] for r in ranks.tolist()], dtype=np.int64)
-        if (np.bincount(nics)[nics] % 2).any():
+        size = np.bincount(nics)[nics]
+        if (size % 2).any():
             return None
         order = np.lexsort((ranks, nics))
         pos = np.empty(len(ranks), dtype=np.int64)
         starts = np.searchsorted(nics[order], nics[order], side="left")
         pos[order] = np.arange(len(ranks)) - starts
-        size = np.bincount(nics)[nics]
         half = (pos >= size // 2).astype(np.int64)
         index = np.empty(len(ranks), dtype=np.int64)
         for h in (0, 1):
@@ -962,7 +966,7 @@ def _phased_sends(
     k = np.maximum(n_s[gs], n_r[gr])
     epoch = gs ^ gr
     rounds = (r_index[j] - s_index[i]) % k
-    order = np.lexsort((np.arange(n), gs, rounds, epoch)).tolist()
+    order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch)).tolist()
     ops: list[Op] = []
     lead: set[tuple[int, int]] = set()  # (epoch, sender) whose first operation is placed
     for p in order:
@@ -1103,7 +1107,8 @@ def auto_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Pl
                     rng = np.random.default_rng([SEED, c, k])
                     candidates.append((label, "own", tuple(_dispatch_nd(items, lat, rng)), ()))
         # the vectorised plans of larger tasks (rank-disjoint rounds; phased on shared NICs)
-        for large in _large_plan(task, topology)[::2]:
+        rounds_plan, _, phased_plan = _large_plan(task, topology)
+        for large in (rounds_plan, phased_plan):
             if large is not None:
                 candidates.append(("broadcast", "own", large.ops, ()))
     # the nine fixed combinations are always candidates: auto is never slower than any of them
@@ -1133,7 +1138,7 @@ def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | N
     simulates faster), kept if it meets the lower bound; otherwise the fastest of it and the
     fixed combinations (ties: the vectorised plan).
 
-    A fixed plan is simulated only when its :func:`~meshcast.simulate.time_floor` is below the
+    A fixed plan is simulated only when its :func:`meshcast.time_floor` is below the
     best time so far and its operations differ from every plan simulated before; when every
     slice has at most one receiver to reach, the three strategies build the same operations
     (one ``Send`` per transfer, the same senders, the same order), so one strategy stands for all.
