@@ -35,6 +35,7 @@ The bound holds for every plan the simulator can run; ``efficiency = lower_bound
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -104,8 +105,9 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     keep = [g for g in range(len(groups)) if group_bytes[g] > 0]
     outbound, fractions = _outbound_lp([groups[g] for g in keep], group_bytes[keep], b_out)
     latency = topology.latency_us * 1e-6 if (inbound > 0 or outbound > 0) else 0.0
-    rank = _rank_bound(task, topology, s, t, nbytes, held, wanted)
-    host = _host_bound(task, topology, s, t, nbytes, held, wanted, need_any)
+    per_rank = _rank_tiles(task, topology)
+    rank = _rank_bound(topology, per_rank, s, t, nbytes, held, wanted)
+    host = _host_bound(topology, per_rank, s, t, nbytes, held, wanted, need_any)
     return LowerBound(
         seconds=max(
             max(inbound, outbound) * (1 - 1e-9) + latency, max(rank, host) * (1 - 1e-9)
@@ -130,9 +132,29 @@ def _rank_matrix(tiles: list[tuple[int, ...]], index: dict[int, int]) -> np.ndar
     return out
 
 
+class _RankTiles(NamedTuple):
+    """The ranks of a task (sorted): each one's host, and tile x rank matrices (1.0 where the
+    rank holds the source tile / needs the destination tile)."""
+
+    host: np.ndarray
+    held: np.ndarray
+    wanted: np.ndarray
+
+
+def _rank_tiles(task: ReshardTask, topology: Topology) -> _RankTiles:
+    dec = task.decomposition
+    ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
+    index = {r: i for i, r in enumerate(ranks)}
+    return _RankTiles(
+        np.array([topology._host_of[r] for r in ranks], dtype=np.int64),
+        _rank_matrix(dec.holders_of_tile, index),
+        _rank_matrix(dec.receivers_of_tile, index),
+    )
+
+
 def _rank_bound(
-    task: ReshardTask,
     topology: Topology,
+    per_rank: _RankTiles,
     s: np.ndarray,
     t: np.ndarray,
     nbytes: np.ndarray,
@@ -142,11 +164,7 @@ def _rank_bound(
     """The per-rank latency bound (module doc); ``s, t, nbytes``: unit slices by tile pair;
     ``held_host`` / ``wanted_host``: tile x host, some rank of the host holds / needs the tile."""
     lat = topology.latency_us * 1e-6
-    dec = task.decomposition
-    ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
-    index = {r: i for i, r in enumerate(ranks)}
-    held = _rank_matrix(dec.holders_of_tile, index)  # src tile x rank
-    wanted = _rank_matrix(dec.receivers_of_tile, index)  # dst tile x rank
+    rank_host, held, wanted = per_rank  # src tile x rank, dst tile x rank
     count = np.zeros((len(held), len(wanted)))
     weight = np.zeros_like(count)
     count[s, t] = 1.0
@@ -171,12 +189,10 @@ def _rank_bound(
     # a slice no rank of the receiver's host holds reaches it either in one operation that crosses
     # into the host (lat + bytes over one inbound NIC) or in two or more (an AllGather member
     # contributes a part it received before): lat + min(bytes / NIC, lat), not bytes / fastest
-    host_of = topology._host_of
-    rank_host = np.array([host_of[r] for r in ranks])
     nic_in = np.array(topology.nic_in_gbps, dtype=float)[rank_host] * _GBIT
     held_by_host = held_host.T.astype(float)  # host x src tile
-    off_bytes = np.zeros(len(ranks))
-    off_cost = np.zeros(len(ranks))
+    off_bytes = np.zeros(len(rank_host))
+    off_cost = np.zeros(len(rank_host))
     for rate in np.unique(nic_in):
         on = nic_in == rate
         extra = np.minimum(weight / rate, lat)
@@ -197,8 +213,8 @@ def _rank_bound(
 
 
 def _host_bound(
-    task: ReshardTask,
     topology: Topology,
+    per_rank: _RankTiles,
     s: np.ndarray,
     t: np.ndarray,
     nbytes: np.ndarray,
@@ -212,14 +228,8 @@ def _host_bound(
     if not len(s):
         return 0.0
     lat = topology.latency_us * 1e-6
-    dec = task.decomposition
-    host_of = topology._host_of
     size = np.array([len(r) for r in topology.hosts], dtype=float)
-    ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
-    index = {r: i for i, r in enumerate(ranks)}
-    rank_host = np.array([host_of[r] for r in ranks])
-    held = _rank_matrix(dec.holders_of_tile, index)  # src tile x rank
-    wanted = _rank_matrix(dec.receivers_of_tile, index)  # dst tile x rank
+    rank_host, held, wanted = per_rank  # src tile x rank, dst tile x rank
     best = 0.0
     # the pairs of each destination tile (only those can have receivers on a host)
     by_t = np.argsort(t, kind="stable")
