@@ -2,56 +2,46 @@
 optionally with emulated hosts) or ranks inside the hosts of an emulated cluster.
 
 All spawning goes through :func:`rank_environment` (what one rank needs to know) and
-:func:`run_rank` (start one rank given those variables). On loopback each rank is a
-``multiprocessing`` spawn child and the parent holds the TCP store; on a
-:class:`meshcast.cluster.Cluster` each rank is ``python -m meshcast.runtime._rank JOB_DIR`` started
-inside its host's network namespace (``ip netns exec``: a ``multiprocessing`` child cannot enter a
-namespace), rank 0 on host 0 holds the store, ``fn`` and ``args`` travel as a pickle file and each
-rank's result or traceback comes back as one (``rank<R>.pkl``). Both paths report alike.
+:func:`run_rank` (start one rank given those variables). Every rank is ``python -m
+meshcast.runtime._rank JOB_DIR``: on loopback a local process (the parent holds the TCP store), on
+a :class:`meshcast.cluster.Cluster` started inside its host's network namespace (``ip netns
+exec``; rank 0 on host 0 holds the store). ``fn`` and ``args`` travel as a pickle file together
+with ``multiprocessing``'s spawn preparation data, and each rank's result or traceback comes back
+as one (``rank<R>.pkl``). A rank's stderr passes through the launcher (to ``sys.stderr``), which
+keeps its last lines: a rank that dies before reporting is shown with them. Both paths report
+alike.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing as mp
-import multiprocessing.spawn as mp_spawn
 import os
-import pickle
-import queue
-import shutil
 import subprocess
-import sys
-import tempfile
-import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..topology import Topology
 from .detect import TOPOLOGY_ENV
+from .ranks import LaunchError, run_ranks
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
 
-__all__ = ["LaunchError", "launch", "rank_environment", "run_rank"]
+__all__ = [
+    "LaunchError",
+    "MissingMainGuardError",
+    "format_failure",
+    "launch",
+    "rank_environment",
+    "run_rank",
+]
 
 STORE_ENV = "MESHCAST_STORE_OWNER"
 """``launcher`` (the parent holds the TCP store, loopback) or ``rank0`` (rank 0 creates it)."""
-GRACE_S = 15.0
-"""Seconds the other ranks get to report once one rank has failed."""
-STARTUP_S = 30.0
-"""Seconds allowed on top of ``timeout`` for process start-up (imports, joining the group)."""
-
-Report = tuple[int, bool, Any]  # (rank, ok, result or traceback text)
-
-
-class LaunchError(RuntimeError):
-    """One or more ranks of :func:`launch` failed; ``failures`` maps rank -> error text."""
-
-    def __init__(self, message: str, failures: dict[int, str]) -> None:
-        super().__init__(message)
-        self.failures = failures
+IMPORTING_MAIN_ENV = "MESHCAST_RANK_IMPORTING_MAIN"
+"""Set (to the script's path) in a rank while it imports the main script to find ``fn``."""
 
 
 def rank_environment(
@@ -121,17 +111,25 @@ def run_rank(env: dict[str, str], fn: Callable[..., Any], args: Sequence[Any]) -
     return result
 
 
-def _error_text(exc: BaseException) -> str:
+def format_failure(exc: BaseException) -> str:
+    """How a rank reports the exception it is handling: ``Type: message``, then the traceback."""
     return f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
-def _child(env: dict[str, str], fn: Callable[..., Any], args: Sequence[Any], out: Any) -> None:
-    rank = int(env["RANK"])
-    try:
-        result = run_rank(env, fn, args)
-        out.put((rank, True, pickle.dumps(result)))
-    except BaseException as exc:  # report everything, including KeyboardInterrupt
-        out.put((rank, False, _error_text(exc)))
+class MissingMainGuardError(RuntimeError):
+    """:func:`launch` was called while a rank imported the main script: the script has no
+    ``if __name__ == "__main__":`` guard around the code that starts the job."""
+
+
+def _refuse_inside_rank_import() -> None:
+    script = os.environ.get(IMPORTING_MAIN_ENV)
+    if script:
+        raise MissingMainGuardError(
+            f"meshcast.launch was called while rank {os.environ.get('RANK', '?')} was importing "
+            f"the main script {script} to find the function to run: the script has no "
+            "`if __name__ == \"__main__\":` guard. Every rank imports the main script (as "
+            "multiprocessing's spawn does); put the code that starts the job under that guard."
+        )
 
 
 def launch(
@@ -156,15 +154,19 @@ def launch(
     the cluster's hosts (``hosts``, if given, must equal its number of hosts), gloo bound to the
     cluster's interface, rank 0 on host 0 holding the TCP store, and
     :func:`~meshcast.runtime.detect_topology` returning ``cluster.topology(ranks_per_host)``.
-    ``fn`` may then also be a function of a script run as ``__main__`` (found again by path, as
-    with ``multiprocessing``'s spawn: keep the script's work under ``if __name__ ==
-    "__main__":``).
 
-    ``fn`` and ``args`` must be picklable (``fn`` defined at module level) and so must the
-    results. ``timeout`` bounds the whole run (plus 30 s of start-up) and every collective inside
-    it; when a rank fails the others get 15 s to report, then every process left is stopped, and
-    :class:`LaunchError` names the failed ranks with their tracebacks.
+    ``fn`` may be a function of a script run as ``__main__``: every rank imports the script again
+    (by path, as ``multiprocessing``'s spawn does), so keep the script's work under ``if __name__
+    == "__main__":``; a script without that guard fails with an error saying so. ``fn`` and
+    ``args`` must be picklable (``fn`` defined at module level) and so must the results.
+
+    ``timeout`` bounds the whole run (plus 30 s of start-up) and every collective inside it; when
+    a rank fails the others get 15 s to report, then every process left is stopped, and
+    :class:`LaunchError` names the failed ranks with their tracebacks (a rank that died before it
+    could report: its exit code and the last lines of its stderr). Ranks' stderr passes through to
+    ``sys.stderr``; their stdout is the launcher's.
     """
+    _refuse_inside_rank_import()
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {fn!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -195,41 +197,12 @@ def _launch_local(
         timeout=datetime.timedelta(seconds=timeout),
         wait_for_workers=False,
     )
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = []
-    try:
-        for rank in range(world_size):
-            env = rank_environment(rank, world_size, store.port, topology, timeout)
-            p = ctx.Process(target=_child, args=(env, fn, args, out), daemon=True)
-            p.start()
-            procs.append(p)
 
-        def fetch(wait_s: float) -> list[Report]:
-            reports = []
-            try:
-                reports.append(out.get(timeout=wait_s))
-                while True:
-                    reports.append(out.get_nowait())
-            except queue.Empty:
-                pass
-            return [(r, ok, pickle.loads(v) if ok else v) for r, ok, v in reports]
+    def start(rank: int, argv: list[str], base: dict[str, str]) -> subprocess.Popen:
+        env = rank_environment(rank, world_size, store.port, topology, timeout)
+        return subprocess.Popen(argv, env={**base, **env}, stderr=subprocess.PIPE)
 
-        def exited() -> dict[int, int | None]:
-            return {r: p.exitcode for r, p in enumerate(procs) if not p.is_alive()}
-
-        results = _collect(world_size, timeout, fetch, exited)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        out.close()
-    return results
+    return run_ranks(fn, args, world_size, timeout, start, dict(os.environ))
 
 
 # -- emulated cluster ---------------------------------------------------------------------------
@@ -258,121 +231,16 @@ def _launch_cluster(
         raise ClusterError(f"cluster {cluster.name!r} is not up (no namespace of it exists)")
     topology = cluster.topology(per_host)
     port = free_port(cluster, 0)
-    job = tempfile.mkdtemp(prefix="meshcast-launch-")
-    procs: list[subprocess.Popen] = []
-    try:
-        with open(os.path.join(job, "job.pkl"), "wb") as f:
-            pickle.dump((_preparation(), pickle.dumps((fn, args))), f)
-        base = dict(os.environ)
-        base.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of no reverse DNS per rank
-        for rank in range(world_size):
-            env = rank_environment(
-                rank,
-                world_size,
-                port,
-                topology,
-                timeout,
-                master_addr=cluster.host_addr(0),
-                store_owner="rank0",
-            )
-            argv = [sys.executable, "-m", "meshcast.runtime._rank", job]
-            procs.append(spawn_in_host(cluster, rank // per_host, argv, {**base, **env}))
-        seen: set[int] = set()
+    base = dict(os.environ)
+    base.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of no reverse DNS per rank
 
-        def fetch(wait_s: float) -> list[Report]:
-            reports = []
-            for rank in range(world_size):
-                path = os.path.join(job, f"rank{rank}.pkl")
-                if rank not in seen and os.path.exists(path):
-                    seen.add(rank)
-                    with open(path, "rb") as f:
-                        ok, value = pickle.load(f)
-                    reports.append((rank, ok, pickle.loads(value) if ok else value))
-            if not reports:
-                time.sleep(min(wait_s, 0.1))
-            return reports
+    def start(rank: int, argv: list[str], base: dict[str, str]) -> subprocess.Popen:
+        env = rank_environment(rank, world_size, port, topology, timeout,
+                               master_addr=cluster.host_addr(0), store_owner="rank0")
+        return spawn_in_host(cluster, rank // per_host, argv, {**base, **env},
+                             stderr=subprocess.PIPE)
 
-        def exited() -> dict[int, int | None]:
-            return {r: c for r, p in enumerate(procs) if (c := p.poll()) is not None}
-
-        return _collect(world_size, timeout, fetch, exited)
-    finally:
-        _stop(procs)
-        shutil.rmtree(job, ignore_errors=True)
-
-
-def _preparation() -> dict[str, Any]:
-    """What a rank needs to find ``fn`` again: ``multiprocessing``'s spawn preparation data
-    (``sys.path``, working directory, the main script's path or module name)."""
-    data = mp_spawn.get_preparation_data("meshcast-rank")
-    data.pop("authkey", None)
-    data.pop("start_method", None)
-    main = data.get("init_main_from_path")
-    if main is not None and not os.path.isfile(main):  # python -c, stdin, a notebook
-        del data["init_main_from_path"]
-    return data
-
-
-def _stop(procs: Iterable[subprocess.Popen]) -> None:
-    procs = list(procs)
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
-
-
-# -- shared ---------------------------------------------------------------------------------------
-def _collect(
-    world_size: int,
-    timeout: float,
-    fetch: Callable[[float], list[Report]],
-    exited: Callable[[], dict[int, int | None]],
-) -> list[Any]:
-    """Gather every rank's report; raise :class:`LaunchError` for failed, crashed or late ranks.
-
-    ``fetch(wait_s)`` returns new reports (waiting up to ``wait_s`` for one); ``exited()`` the exit
-    codes of the ranks whose process has ended. The caller stops the processes afterwards.
-    """
-    results: dict[int, Any] = {}
-    failures: dict[int, str] = {}
-
-    def take(reports: list[Report]) -> None:
-        for rank, ok, value in reports:
-            if ok:
-                results[rank] = value
-            else:
-                failures[rank] = value
-
-    deadline = time.monotonic() + timeout + STARTUP_S
-    while len(results) + len(failures) < world_size and time.monotonic() < deadline:
-        reports = fetch(0.2)
-        take(reports)
-        if not reports:
-            for rank, code in exited().items():
-                if rank not in results and rank not in failures:
-                    time.sleep(0.5)  # a report in flight: a moment before calling it a crash
-                    take(fetch(0.0))
-                    if rank not in results and rank not in failures:
-                        failures[rank] = f"exited with code {code} without a result"
-        if failures:  # the others should fail fast too; do not wait out the full timeout
-            deadline = min(deadline, time.monotonic() + GRACE_S)
-    for r in range(world_size):
-        if r not in results and r not in failures:
-            failures[r] = "did not finish in time (stopped)"
-    if failures:
-        first = min(failures, key=lambda r: ("did not finish" in failures[r], r))
-        lines = [f"meshcast.launch: ranks {sorted(failures)} of {world_size} failed"]
-        lines.append(f"rank {first}: {failures[first]}")
-        for r in sorted(failures):
-            if r != first:
-                lines.append(f"rank {r}: {failures[r].splitlines()[0]}")
-        raise LaunchError("\n".join(lines), failures)
-    return [results[r] for r in range(world_size)]
+    return run_ranks(fn, args, world_size, timeout, start, base)
 
 
 def _topology(hosts: int | Topology | None, world_size: int) -> Topology | None:
