@@ -1,7 +1,10 @@
 """The ``meshcast`` command line: ``meshcast plan``, ``meshcast demo``, ``meshcast bench ...``.
 
 Each command lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``;
-heavy imports (torch, matplotlib) happen inside ``run`` so that ``--help`` stays fast.
+heavy imports (torch, matplotlib) happen inside ``run`` so that ``--help`` stays fast. A bad
+argument is one line on stderr naming the flag and its rule, exit status 2 (argument types of
+:mod:`meshcast.cli.common`, or :class:`~meshcast.cli.common.UsageError` from a command); any other
+exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from .. import __version__
+from .common import ArgumentParser, UsageError
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -31,12 +37,14 @@ def _add(subparsers, name: str, module: str, help_text: str) -> None:
     parser = subparsers.add_parser(name, help=help_text, description=help_text)
     mod = importlib.import_module(module)
     mod.add_arguments(parser)
-    parser.set_defaults(_run=mod.run)
+    parser.set_defaults(_run=mod.run, _parser=parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser."""
-    parser = argparse.ArgumentParser(prog="meshcast", description=__doc__.splitlines()[0])
+    """The full argument parser (sub-parsers are :class:`~meshcast.cli.common.ArgumentParser`
+    too: one-line errors)."""
+    parser = ArgumentParser(prog="meshcast", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"meshcast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():
         _add(sub, name, module, help_text)
@@ -48,12 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``meshcast`` script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``meshcast`` script; returns the exit status (2: a bad argument)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a bad argument (already printed)
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     try:
         return int(args._run(args) or 0)
-    except (ValueError, TypeError) as exc:
-        print(f"meshcast: error: {exc}", file=sys.stderr)
+    except UsageError as exc:
+        print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
         return 2
 
 

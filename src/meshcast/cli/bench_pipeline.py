@@ -42,6 +42,7 @@ from ..pipeline import SCHEDULES, Link, StageGraph, chain_links, schedule, simul
 from ..planner import plan
 from ..task import ReshardTask
 from ..topology import Topology
+from .common import comma_list, integer, number, numbers, working
 
 COLUMNS: tuple[tuple[str, bool], ...] = (
     ("gpipe", True),
@@ -51,6 +52,8 @@ COLUMNS: tuple[tuple[str, bool], ...] = (
     ("eager_1f1b", True),
 )
 """(schedule, overlap of forward sends) pairs shown; 1F1B without overlap is the baseline."""
+MODELS = ("gpt", "utransformer")
+"""Models of ``--cluster``."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,24 +61,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--simulate", action="store_true",
                       help="simulated step times (compute and transfer times from models)")
-    mode.add_argument("--cluster", type=int, metavar="N",
-                      help="real runs: N stages on N emulated hosts (NICs shaped)")
-    parser.add_argument("--stages", type=int, default=4, help="stages of the sweep (default 4)")
-    parser.add_argument("--microbatches", type=int, default=None,
+    mode.add_argument("--cluster", type=integer(2), metavar="N",
+                      help="real runs: N stages on N emulated hosts (NICs shaped), N >= 2")
+    parser.add_argument("--stages", type=integer(1), default=4,
+                        help="stages of the sweep (default 4)")
+    parser.add_argument("--microbatches", type=integer(1), default=None,
                         help="microbatches per step (default 16 simulated, 8 on the cluster)")
-    parser.add_argument("--nic-gbit", type=float, default=1.0,
+    parser.add_argument("--nic-gbit", type=number(0.0), default=1.0,
                         help="--cluster: NIC speed of each emulated host (default 1 Gbit/s)")
-    parser.add_argument("--ranks-per-host", type=int, default=2,
+    parser.add_argument("--ranks-per-host", type=integer(1), default=2,
                         help="--cluster: ranks per host = tensor-parallel degree (default 2)")
-    parser.add_argument("--steps", type=int, default=4,
+    parser.add_argument("--steps", type=integer(2), default=4,
                         help="--cluster: training steps per run, the first one not timed")
-    parser.add_argument("--models", default="gpt,utransformer",
+    parser.add_argument("--models", type=comma_list(MODELS), default=list(MODELS),
                         help="--cluster: models to run (default gpt,utransformer)")
-    parser.add_argument("--ratios", default="0,0.25,0.5,1,1.5,2",
-                        help="transfer time / forward time in the sweep")
-    parser.add_argument("--tflops", type=float, default=40.0,
+    parser.add_argument("--ratios", type=numbers(0.0, strict=False),
+                        default=[0, 0.25, 0.5, 1, 1.5, 2],
+                        help="transfer time / forward time in the sweep (default "
+                        "0,0.25,0.5,1,1.5,2)")
+    parser.add_argument("--tflops", type=number(0.0), default=40.0,
                         help="sustained TFLOP/s per GPU for the model rows (default 40, a V100)")
-    parser.add_argument("--gbps", default="10,25,100",
+    parser.add_argument("--gbps", type=numbers(0.0), default=[10.0, 25.0, 100.0],
                         help="NIC speeds (Gbit/s) of the model rows (default 10,25,100)")
 
 
@@ -240,11 +246,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     n, m = args.stages, args.microbatches or 16
-    if n < 1 or m < 1:
-        raise ValueError("--stages and --microbatches must be at least 1")
     console = Console(width=160)
     peaks = {name: schedule(name, n, m).peak_inflight(0) for name in SCHEDULES}
-    ratios = [float(r) for r in args.ratios.split(",")]
+    ratios = args.ratios
     sweep = _table(
         f"Sweep: {n} stages, {m} microbatches; forward 1, backward 2, each transfer = ratio "
         f"(step time in forward units; peak microbatches in flight on stage 0: GPipe "
@@ -263,34 +267,9 @@ def run(args: argparse.Namespace) -> int:
         ["model", "NIC Gbit/s", "fwd ms/mb", "xfer ms/mb"],
     )
     notes = []
-    for case in (_gpt_case(4), _utransformer_case()):
-        fwd_flops, bwd_flops, graph, params = stage_flops(case)
-        sends = "; ".join(
-            f"stage {i} sends " + ", ".join(f"{e.name}{list(e.shape)}" for e in graph.sends(i))
-            for i in range(graph.num_stages - 1)
-        )
-        notes.append(f"{case.label}: {params / 1e9:.2f}B parameters, {case.note}; per microbatch "
-                     f"(bfloat16): {sends}")
-        per_stage = case.devices * args.tflops * 1e12
-        fwd = [f / per_stage for f in fwd_flops]
-        bwd = [f / per_stage for f in bwd_flops]
-        rows = [(f"{float(g):g}", float(g)) for g in args.gbps.split(",")] + [("free", None)]
-        for text, gbps in rows:
-            if gbps is None:
-                links = graph.links(lambda e: 0.0)
-            else:
-                top = Topology.uniform(case.num_stages, case.devices, nic_gbps=gbps,
-                                       intra_gbps=800.0, latency_us=30.0)
-                links = boundary_links(graph, case.devices, top, timer)
-            per_pair: dict[tuple[int, int], float] = {}
-            for link in links:
-                per_pair[(link.src, link.dst)] = per_pair.get((link.src, link.dst), 0.0) + \
-                    link.activation_s
-            times = step_times(case.num_stages, m, fwd, bwd, links)
-            models.add_row(
-                case.label, text, f"{max(fwd) * 1e3:.1f}",
-                f"{max(per_pair.values(), default=0.0) * 1e3:.1f}", *_cells(times, 1e3, ".0f"),
-            )
+    with working("meshcast bench pipeline: model rows (FLOP counts, plans)"):
+        for case in (_gpt_case(4), _utransformer_case()):
+            notes.append(_model_rows(models, case, m, args.tflops, args.gbps, timer))
     console.print(models)
     console.print(
         "fwd ms/mb: forward of the slowest stage per microbatch (backward: about 2x); xfer ms/mb: "
@@ -300,6 +279,38 @@ def run(args: argparse.Namespace) -> int:
         "the sender blocks. Gradient sends always block. Links serialise their transfers."
     )
     return 0
+
+
+def _model_rows(table, case: ModelCase, m: int, tflops: float, gbps_list: Sequence[float],
+                timer: Callable) -> str:
+    """Add ``case``'s rows (one per NIC speed, and free communication) to ``table``; return its
+    note."""
+    fwd_flops, bwd_flops, graph, params = stage_flops(case)
+    sends = "; ".join(
+        f"stage {i} sends " + ", ".join(f"{e.name}{list(e.shape)}" for e in graph.sends(i))
+        for i in range(graph.num_stages - 1)
+    )
+    per_stage = case.devices * tflops * 1e12
+    fwd = [f / per_stage for f in fwd_flops]
+    bwd = [f / per_stage for f in bwd_flops]
+    for text, gbps in [(f"{g:g}", g) for g in gbps_list] + [("free", None)]:
+        if gbps is None:
+            links = graph.links(lambda e: 0.0)
+        else:
+            top = Topology.uniform(case.num_stages, case.devices, nic_gbps=gbps,
+                                   intra_gbps=800.0, latency_us=30.0)
+            links = boundary_links(graph, case.devices, top, timer)
+        per_pair: dict[tuple[int, int], float] = {}
+        for link in links:
+            key = (link.src, link.dst)
+            per_pair[key] = per_pair.get(key, 0.0) + link.activation_s
+        times = step_times(case.num_stages, m, fwd, bwd, links)
+        table.add_row(
+            case.label, text, f"{max(fwd) * 1e3:.1f}",
+            f"{max(per_pair.values(), default=0.0) * 1e3:.1f}", *_cells(times, 1e3, ".0f"),
+        )
+    return (f"{case.label}: {params / 1e9:.2f}B parameters, {case.note}; per microbatch "
+            f"(bfloat16): {sends}")
 
 
 # -- real runs on the emulated cluster ------------------------------------------------------------
@@ -371,16 +382,14 @@ def run_cluster(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     hosts, per_host = args.cluster, args.ranks_per_host
-    if hosts < 2:
-        raise ValueError(f"--cluster {hosts}: a pipeline needs at least 2 hosts (one per stage)")
-    if per_host < 1 or args.steps < 2:
-        raise ValueError("--ranks-per-host must be at least 1 and --steps at least 2")
     m = args.microbatches or 8
-    models = [x.strip() for x in args.models.split(",") if x.strip()]
+    models = args.models
     jobs = cluster_jobs(hosts, per_host, m, args.steps, args.nic_gbit, models)
     start = time.monotonic()
-    results, where = _run_jobs_on_cluster(jobs, hosts, per_host, args.nic_gbit,
-                                          timeout=60.0 + 60.0 * len(jobs))
+    with working(f"meshcast bench pipeline: {len(jobs)} training runs on {hosts * per_host} "
+                 "ranks"):
+        results, where = _run_jobs_on_cluster(jobs, hosts, per_host, args.nic_gbit,
+                                              timeout=60.0 + 60.0 * len(jobs))
     wall = time.monotonic() - start
     rows: dict[tuple[str, str, str], dict] = {}
     for k, job in enumerate(jobs):

@@ -12,11 +12,13 @@ from ..layout import Layout
 from ..mesh import Mesh
 from ..planner import STRATEGIES, plan
 from ..task import ReshardTask
+from .common import integer, progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``meshcast bench plan-speed``."""
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--repeats", type=integer(1), default=3,
+                        help="best of this many runs (default 3)")
 
 
 def large_task() -> ReshardTask:
@@ -26,12 +28,13 @@ def large_task() -> ReshardTask:
     return ReshardTask((4000, 4000), "float32", src, dst)
 
 
-def _best(fn, repeats: int) -> float:
+def _best(fn, repeats: int, advance) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
+        advance(1)
     return min(times)
 
 
@@ -43,11 +46,13 @@ def run(args: argparse.Namespace) -> int:
     )
     table.add_column("step")
     table.add_column("seconds", justify="right")
-    table.add_row(
-        "decompose (unit_slices)", f"{_best(lambda: large_task().unit_slices(), args.repeats):.3f}"
-    )
-    for strategy in STRATEGIES:
-        seconds = _best(lambda s=strategy: plan(large_task(), strategy=s), args.repeats)
-        table.add_row(f"plan strategy={strategy}", f"{seconds:.3f}")
+    steps = (1 + len(STRATEGIES)) * args.repeats
+    with progress("meshcast bench plan-speed: timed runs", steps) as advance:
+        seconds = _best(lambda: large_task().unit_slices(), args.repeats, advance)
+        table.add_row("decompose (unit_slices)", f"{seconds:.3f}")
+        for strategy in STRATEGIES:
+            seconds = _best(lambda s=strategy: plan(large_task(), strategy=s), args.repeats,
+                            advance)
+            table.add_row(f"plan strategy={strategy}", f"{seconds:.3f}")
     Console().print(table)
     return 0

@@ -36,51 +36,51 @@ import time
 from typing import Any
 
 from ..bench import resharding as rb
+from ..topology import PRESETS
+from .common import UsageError, choice, comma_list, integer, number, output_dir
 
 DEFAULT_OUT = "meshcast-bench-resharding"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``meshcast bench resharding``."""
-    parser.add_argument("--suite", default="all", choices=("1-to-m", "n-to-m", "all"))
+    parser.add_argument("--suite", default="all", type=choice(("1-to-m", "n-to-m", "all")),
+                        help="1-to-m | n-to-m | all (default all)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--cluster",
-        type=int,
-        metavar="N",
-        default=None,
-        help="emulated clusters of at most N hosts (root)",
-    )
+    where.add_argument("--cluster", type=integer(1), metavar="N", default=None,
+                       help="emulated clusters of at most N hosts (root)")
     where.add_argument("--loopback", action="store_true", help="local processes, unshaped")
     where.add_argument("--simulate", action="store_true", help="simulator only, no processes")
-    parser.add_argument(
-        "--topology",
-        default=None,
-        help="with --simulate: a preset (p3.8xlarge), at the paper's scale",
-    )
-    parser.add_argument("--size", default="64MiB", help="tensor size (default 64MiB)")
-    parser.add_argument("--nic-gbit", type=float, default=1.0, help="emulated NIC rate (1)")
-    parser.add_argument("--reps", type=int, default=3, help="timed runs per method (3)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (1)")
-    parser.add_argument("--methods", default=",".join(rb.METHODS), help="comma-separated")
+    parser.add_argument("--topology", type=choice(tuple(PRESETS)), default=None,
+                        help="with --simulate: a preset (p3.8xlarge), at the paper's scale")
+    parser.add_argument("--size", type=_size, default="64MiB", help="tensor size (default 64MiB)")
+    parser.add_argument("--nic-gbit", type=number(0.0), default=1.0, help="emulated NIC rate (1)")
+    parser.add_argument("--reps", type=integer(1), default=3, help="timed runs per method (3)")
+    parser.add_argument("--warmup", type=integer(0), default=1, help="untimed runs first (1)")
+    parser.add_argument("--methods", type=comma_list(rb.METHODS), default=list(rb.METHODS),
+                        help="comma-separated: " + ",".join(rb.METHODS))
     parser.add_argument("--cases", default="", help="e.g. 1x1,4x2,case1 (default: the suite)")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT})")
+    parser.add_argument("--out", type=output_dir, default=DEFAULT_OUT,
+                        help=f"output folder ({DEFAULT_OUT})")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case's job")
-    parser.add_argument(
-        "--markdown",
-        metavar="JSON",
-        default=None,
-        help="print markdown tables of an earlier run's JSON, run nothing",
-    )
+    parser.add_argument("--timeout", type=number(0.0), default=600.0,
+                        help="seconds per case's job")
+    parser.add_argument("--markdown", type=_readable_file, metavar="JSON", default=None,
+                        help="print markdown tables of an earlier run's JSON, run nothing")
 
 
-def _methods(text: str) -> list[str]:
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    for m in methods:
-        if m not in rb.METHODS:
-            raise ValueError(f"--methods: {m!r} is unknown; choose from {', '.join(rb.METHODS)}")
-    return methods
+def _size(text: str) -> str:
+    try:
+        rb.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _readable_file(text: str) -> str:
+    if not os.path.isfile(text) or not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"must be a readable file, got {text!r}")
+    return text
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -175,12 +175,14 @@ def run(args: argparse.Namespace) -> int:
             print(rb.markdown_report(json.load(f)))
         return 0
     console = Console(width=170)
-    methods = _methods(args.methods)
+    methods = args.methods
     keys = [k.strip() for k in args.cases.split(",") if k.strip()]
-    if args.reps < 1 or args.warmup < 0:
-        raise ValueError("--reps must be at least 1 and --warmup at least 0")
     if args.topology and not args.simulate:
-        raise ValueError("--topology goes with --simulate (measured runs use the emulated hosts)")
+        raise UsageError("--topology goes with --simulate (measured runs use the emulated hosts)")
+    try:
+        rb.suite_cases(args.suite, None, keys)
+    except ValueError as exc:
+        raise UsageError(f"--cases: {exc}") from None
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, "resharding.json")
 
@@ -198,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         if ok:
             use_cluster = True
         elif args.cluster is not None:
-            raise ValueError(f"--cluster: the emulated cluster is not available: {why}")
+            raise UsageError(f"--cluster: the emulated cluster is not available: {why}")
         else:
             note = f"emulated cluster not available ({why}): running on loopback, unshaped"
     if use_cluster and args.cluster is not None:
@@ -207,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[yellow]skipped (need more than {args.cluster} hosts): {too_big}")
         cases = [c for c in cases if c.hosts <= args.cluster]
     if not cases:
-        raise ValueError("no case left to run")
+        raise UsageError(f"--cluster {args.cluster}: no case of the suite fits in that many hosts")
     mode = (
         f"emulated cluster, links shaped to {args.nic_gbit:g} Gbit/s"
         if use_cluster

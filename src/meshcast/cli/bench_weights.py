@@ -27,19 +27,32 @@ import time
 from typing import Any
 
 from ..cluster import nic_tx_bytes
+from .common import comma_list, integer, number, working
 
 METHODS = ("meshcast", "gather-broadcast", "full-tensor")
+N_HEAD = 8
+"""Attention heads of the benchmark model (``--embd`` must be a multiple)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``meshcast bench weights``."""
-    parser.add_argument("--layers", type=int, default=8, help="GPT blocks (default 8)")
-    parser.add_argument("--embd", type=int, default=256, help="hidden size (default 256)")
-    parser.add_argument("--vocab", type=int, default=4096, help="vocabulary (default 4096)")
-    parser.add_argument("--nic-gbit", type=float, default=1.0, help="emulated NIC rate")
-    parser.add_argument("--reps", type=int, default=3, help="timed syncs per method")
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated")
+    parser.add_argument("--layers", type=integer(1), default=8, help="GPT blocks (default 8)")
+    parser.add_argument("--embd", type=_embd, default=256,
+                        help=f"hidden size, a multiple of {N_HEAD} (default 256)")
+    parser.add_argument("--vocab", type=integer(1), default=4096,
+                        help="vocabulary (default 4096)")
+    parser.add_argument("--nic-gbit", type=number(0.0), default=1.0, help="emulated NIC rate")
+    parser.add_argument("--reps", type=integer(1), default=3, help="timed syncs per method")
+    parser.add_argument("--methods", type=comma_list(METHODS), default=list(METHODS),
+                        help="comma-separated: " + ",".join(METHODS))
     parser.add_argument("--loopback", action="store_true", help="no emulated cluster")
+
+
+def _embd(text: str) -> int:
+    value = integer(N_HEAD)(text)
+    if value % N_HEAD:
+        raise argparse.ArgumentTypeError(f"must be a multiple of {N_HEAD} (heads), got {text!r}")
+    return value
 
 
 # -- the model and its layouts (every rank builds the same) --------------------------------------
@@ -50,7 +63,7 @@ def build(cfg: dict[str, int]):
     from ..models.gpt import GPT, GPTConfig, split_layers
 
     config = GPTConfig(vocab_size=cfg["vocab"], block_size=64, n_layer=cfg["layers"],
-                       n_head=8, n_embd=cfg["embd"])
+                       n_head=N_HEAD, n_embd=cfg["embd"])
     model = GPT(config, seed=0)
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     params = {k: (tuple(v.shape), str(v.dtype)) for k, v in sd.items()}
@@ -192,10 +205,7 @@ def run(args: argparse.Namespace) -> int:
     from ..topology import Topology
 
     cfg = {"layers": args.layers, "embd": args.embd, "vocab": args.vocab}
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"--methods: {m!r} is unknown; choose from {', '.join(METHODS)}")
+    methods = args.methods
     import torch  # noqa: F401  (fail early without torch)
 
     _, tasks = build(cfg)
@@ -203,9 +213,11 @@ def run(args: argparse.Namespace) -> int:
     bound = joint_lower_bound(list(tasks.values()), topo)
     rows = []
     where = ""
-    for m in methods:
-        results, where = run_job(weights_worker, 8, 2, nic_gbit=args.nic_gbit,
-                                 args=(m, cfg, args.reps), timeout=600, loopback=args.loopback)
+    for k, m in enumerate(methods):
+        with working(f"meshcast bench weights: {m} ({k + 1}/{len(methods)}), 8 ranks"):
+            results, where = run_job(weights_worker, 8, 2, nic_gbit=args.nic_gbit,
+                                     args=(m, cfg, args.reps), timeout=600,
+                                     loopback=args.loopback)
         bad = sorted({n for r in results for n in r["bad"]})
         if bad:
             raise RuntimeError(f"{m}: wrong weights {bad[:5]}")

@@ -14,21 +14,33 @@ import argparse
 import sys
 import warnings
 
+from ..cluster.cluster import MAX_HOSTS, check_name
+from .common import UsageError, integer, number
+
+
+def cluster_name(text: str) -> str:
+    """``--name``: a cluster name as :func:`meshcast.cluster.cluster.check_name` accepts it."""
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Sub-actions of ``meshcast cluster``."""
     sub = parser.add_subparsers(dest="action", required=True)
 
     def name_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--name", default="mc",
+        p.add_argument("--name", type=cluster_name, default="mc",
                        help="cluster name: 'mc' (default) or 'mc-<words>'; namespaces are "
                             "<name>-sw and <name>-h<i>")
 
     up = sub.add_parser("up", help="create the namespaces, bridge and shaped links")
-    up.add_argument("--hosts", type=int, required=True, help="number of emulated hosts")
-    up.add_argument("--nic-gbit", type=float, default=1.0,
+    up.add_argument("--hosts", type=integer(1, MAX_HOSTS), required=True,
+                    help="number of emulated hosts")
+    up.add_argument("--nic-gbit", type=number(0.0), default=1.0,
                     help="bandwidth of each host's link, per direction, Gbit/s (default 1)")
-    up.add_argument("--latency-ms", type=float, default=0.1,
+    up.add_argument("--latency-ms", type=number(0.0, strict=False), default=0.1,
                     help="added one-way latency between hosts, ms (needs netem; default 0.1)")
     name_arg(up)
 
@@ -40,12 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="do not end processes still running inside the namespaces")
 
     status = sub.add_parser("status", help="list the clusters that exist and their shaping")
-    status.add_argument("--name", default=None, help="only this cluster")
+    status.add_argument("--name", type=cluster_name, default=None, help="only this cluster")
 
     ex = sub.add_parser("exec", help="run a command inside one host's namespace")
-    ex.add_argument("--host", type=int, required=True, help="host index (0-based)")
+    ex.add_argument("--host", type=integer(0), required=True, help="host index (0-based)")
     name_arg(ex)
-    ex.add_argument("--timeout", type=float, default=None, help="kill it after this many seconds")
+    ex.add_argument("--timeout", type=number(0.0), default=None,
+                    help="kill it after this many seconds")
     ex.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
 
 
@@ -124,10 +137,13 @@ def _exec(args: argparse.Namespace) -> int:
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
-        raise ValueError("give the command after --: meshcast cluster exec --host 0 -- ip addr")
+        raise UsageError("give the command after --: meshcast cluster exec --host 0 -- ip addr")
     cluster = Cluster.detect(args.name)
     if cluster is None:
         raise ClusterError(f"no cluster {args.name!r}; run `meshcast cluster up` first")
+    if args.host >= cluster.num_hosts:
+        raise UsageError(f"--host {args.host}: cluster {cluster.name!r} has hosts 0 to "
+                         f"{cluster.num_hosts - 1}")
     proc = spawn_in_host(cluster, args.host, argv)
     try:
         return proc.wait(timeout=args.timeout)

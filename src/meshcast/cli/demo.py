@@ -28,6 +28,7 @@ from ..mesh import Mesh
 from ..plan import _fmt_bytes
 from ..planner import STRATEGIES, plan
 from ..task import ReshardTask
+from .common import integer, number, working
 
 HOSTS, PER_HOST = 4, 4
 WORLD = HOSTS * PER_HOST
@@ -38,21 +39,29 @@ CASE = PAPER_CASES[1]  # case 2: RRR -> S0RR, source fully replicated
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``meshcast demo``."""
-    parser.add_argument(
-        "--scale",
-        type=int,
-        default=1,
-        help="planning table: divide the paper's tensors' first dimension by this (default 1)",
-    )
-    parser.add_argument("--mib", type=int, default=64,
+    parser.add_argument("--scale", type=integer(1), default=1,
+                        help="planning table: divide the paper's tensors' first dimension by "
+                        "this (default 1)")
+    parser.add_argument("--mib", type=_even_mib, default=64,
                         help="real run: tensor size in MiB, even (default 64)")
-    parser.add_argument("--reps", type=int, default=3,
+    parser.add_argument("--reps", type=integer(1), default=3,
                         help="real run: timed repetitions per strategy after one warm-up (3)")
-    parser.add_argument("--nic-gbit", type=float, default=1.0,
+    parser.add_argument("--nic-gbit", type=number(0.0), default=1.0,
                         help="real run: NIC speed of each emulated host (default 1 Gbit/s)")
     parser.add_argument("--loopback", action="store_true",
                         help="real run on loopback even where an emulated cluster is possible")
     parser.add_argument("--plan-only", action="store_true", help="skip the real run")
+
+
+def _even_mib(text: str) -> int:
+    """``--mib``: an even number of MiB, at least 2 (the tensor is split in halves)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 2 or value % 2:
+        raise argparse.ArgumentTypeError(f"must be an even integer >= 2, got {text!r}")
+    return value
 
 
 def planning_table(scale: int = 1) -> Table:
@@ -123,8 +132,6 @@ def run_real(args: argparse.Namespace, console: Console) -> int:
     from ..lower_bound import lower_bound
     from ..topology import Topology
 
-    if args.mib < 2 or args.mib % 2 or args.reps < 1 or not args.nic_gbit > 0:
-        raise ValueError("--mib must be even and positive, --reps at least 1, --nic-gbit > 0")
     task = demo_task(args.mib)
     console.print(
         f"\nReal run: {CASE.name} of a {args.mib} MiB float32 tensor {task.shape}, source mesh "
@@ -132,9 +139,10 @@ def run_real(args: argparse.Namespace, console: Console) -> int:
         "ranks; starting 16 processes ..."
     )
     start = time.monotonic()
-    results, where = run_job(demo_rank, WORLD, PER_HOST, nic_gbit=args.nic_gbit,
-                             args=(args.mib, args.reps), timeout=600, loopback=args.loopback,
-                             name=f"mc-demo{os.getpid() % 100000}")
+    with working(f"meshcast demo: {WORLD} ranks x {len(RUN_STRATEGIES)} strategies"):
+        results, where = run_job(demo_rank, WORLD, PER_HOST, nic_gbit=args.nic_gbit,
+                                 args=(args.mib, args.reps), timeout=600, loopback=args.loopback,
+                                 name=f"mc-demo{os.getpid() % 100000}")
     wall = time.monotonic() - start
     bound = lower_bound(task, Topology.uniform(HOSTS, PER_HOST, nic_gbps=args.nic_gbit,
                                                intra_gbps=INTRA_GBPS, latency_us=0.0))

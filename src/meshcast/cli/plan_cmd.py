@@ -1,49 +1,62 @@
-"""``meshcast plan``: plan one resharding and print its summary (or its JSON)."""
+"""``meshcast plan``: plan one resharding and print its summary (or its JSON).
+
+The defaults are :func:`meshcast.plan`'s: no ``--strategy`` and no ``--balance`` plans with
+``balance="auto"``; a strategy alone keeps ``balance="none"``; a balance alone uses the broadcast
+strategy.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from ..layout import Layout
 from ..lower_bound import lower_bound
 from ..planner import BALANCES, STRATEGIES, plan
 from ..simulate import simulate
 from ..task import ReshardTask
-from .common import parse_shape, topology_for
+from .common import (
+    UsageError,
+    choice,
+    dtype_arg,
+    layout_arg,
+    output_file,
+    shape_arg,
+    topology_for,
+    topology_spec,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``meshcast plan``."""
-    parser.add_argument("--shape", type=parse_shape, required=True, help="e.g. 1024,1024,512")
-    parser.add_argument("--dtype", default="float32", help="element type (default float32)")
-    parser.add_argument("--src", type=Layout.parse, required=True, help="e.g. 2x4:S0RR")
-    parser.add_argument("--dst", type=Layout.parse, required=True, help="e.g. 2x4@8:RRS0")
-    parser.add_argument("--strategy", default=None,
-                        help=" | ".join(STRATEGIES) + " (default broadcast; with --balance auto: "
-                        "chosen per slice)")
-    parser.add_argument("--balance", default="none", help=" | ".join(BALANCES))
-    parser.add_argument(
-        "--topology",
-        default=None,
-        help="preset name or uniform:D (default: last mesh axis = one host)",
-    )
+    parser.add_argument("--shape", type=shape_arg, required=True, help="e.g. 1024,1024,512")
+    parser.add_argument("--dtype", type=dtype_arg, default="float32",
+                        help="element type (default float32)")
+    parser.add_argument("--src", type=layout_arg, required=True, help="e.g. 2x4:S0RR")
+    parser.add_argument("--dst", type=layout_arg, required=True, help="e.g. 2x4@8:RRS0")
+    parser.add_argument("--strategy", type=choice(STRATEGIES), default=None,
+                        help=" | ".join(STRATEGIES) + " (default: as meshcast.plan, i.e. chosen "
+                        "per slice by balance auto; with --balance: broadcast)")
+    parser.add_argument("--balance", type=choice(BALANCES), default=None,
+                        help=" | ".join(BALANCES) + " (default: as meshcast.plan, i.e. auto; "
+                        "with --strategy: none)")
+    parser.add_argument("--topology", type=topology_spec, default=None,
+                        help="preset name or uniform:D (default: last mesh axis = one host)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("--timeline", default=None, metavar="OUT.PNG",
+    parser.add_argument("--timeline", type=output_file(), default=None, metavar="OUT.PNG",
                         help="with --topology: draw the simulated schedule per host NIC")
 
 
 def run(args: argparse.Namespace) -> int:
     """Plan and print."""
-    task = ReshardTask(args.shape, args.dtype, args.src, args.dst)
+    if args.timeline and args.topology is None:
+        raise UsageError("--timeline needs --topology (the simulator needs link speeds)")
+    try:
+        task = ReshardTask(args.shape, args.dtype, args.src, args.dst)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise UsageError(f"--shape/--dtype/--src/--dst do not fit together: {exc}") from None
     topology = topology_for(args.topology, task)
-    strategy = args.strategy
-    if strategy is None and args.balance != "auto":
-        strategy = "broadcast"
-    result = plan(task, topology, strategy=strategy, balance=args.balance)
+    result = plan(task, topology, strategy=args.strategy, balance=args.balance)
     print(result.to_json(indent=None) if args.json else result.summary())
     if topology is None:
-        if args.timeline:
-            raise ValueError("--timeline needs --topology (the simulator needs link speeds)")
         return 0
     report = simulate(result, topology)
     bound = lower_bound(task, topology)
