@@ -5,7 +5,7 @@ ranks 4-7. Two ranks per emulated host (4 hosts, NICs shaped to --nic-gbit; need
 loopback and it says so). Every weight is checked byte for byte; the time per sync is compared
 with the joint lower bound (the busiest host NIC's inbound bytes at line rate).
 
-    sudo .venv/bin/python examples/weight_sync.py            # emulated cluster
+    .venv/bin/python examples/weight_sync.py                 # as root: emulated cluster
     .venv/bin/python examples/weight_sync.py --loopback       # anywhere
 """
 
