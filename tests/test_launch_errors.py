@@ -31,6 +31,14 @@ def _dies_saying_why(rank: int) -> int:
     return rank
 
 
+def _killed(rank: int) -> int:
+    import signal
+
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rank
+
+
 def _script(tmp_path, body: str, cluster: str | None = None) -> subprocess.CompletedProcess:
     """Run ``body`` as a script of its own (``__main__``), in ``tmp_path``."""
     path = tmp_path / "job.py"
@@ -118,6 +126,14 @@ def test_a_rank_that_dies_is_shown_with_its_stderr() -> None:
     assert str(info.value).splitlines()[1] == f"rank 1: {failures[1].splitlines()[0]}"
     assert "rank 1: the disk is on fire" in str(info.value)
     assert time.monotonic() - start < 120
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_killed_by_a_signal_is_named_so() -> None:
+    with pytest.raises(LaunchError) as info:
+        meshcast.launch(_killed, 2, timeout=60)
+    assert info.value.failures[1] == ("killed by signal 9 (SIGKILL) before reporting a result "
+                                      "(nothing on its stderr)")
 
 
 @pytest.mark.timeout(300)

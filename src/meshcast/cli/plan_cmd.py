@@ -22,6 +22,7 @@ from .common import (
     shape_arg,
     topology_for,
     topology_spec,
+    working,
 )
 
 
@@ -54,12 +55,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OverflowError) as exc:
         raise UsageError(f"--shape/--dtype/--src/--dst do not fit together: {exc}") from None
     topology = topology_for(args.topology, task)
-    result = plan(task, topology, strategy=args.strategy, balance=args.balance)
+    with working("meshcast plan: planning"):
+        result = plan(task, topology, strategy=args.strategy, balance=args.balance)
     print(result.to_json(indent=None) if args.json else result.summary())
     if topology is None:
         return 0
-    report = simulate(result, topology)
-    bound = lower_bound(task, topology)
+    with working("meshcast plan: simulating the plan, computing the lower bound"):
+        report = simulate(result, topology)
+        bound = lower_bound(task, topology)
     if not args.json:
         efficiency = bound / report.time_s if report.time_s > 0 else 1.0
         print(f"\nsimulated time: {report.time_s * 1e3:.3f} ms")

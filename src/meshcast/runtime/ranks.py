@@ -16,6 +16,7 @@ import multiprocessing.spawn as mp_spawn
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -122,7 +123,7 @@ class StderrTail:
     def describe_exit(self, code: int) -> str:
         """The failure text of a rank that exited with ``code`` without a report."""
         self._thread.join(timeout=1.0)  # the last lines, written just before it died
-        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         tail = "\n".join(f"    {line}" for line in self.lines)
         if not tail:
             return f"{how} {BEFORE_REPORT} (nothing on its stderr)"
@@ -210,6 +211,13 @@ def collect(
                 lines.append(f"rank {r}: {failures[r].splitlines()[0]}")
         raise LaunchError("\n".join(lines), failures)
     return [results[r] for r in range(world_size)]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
 
 
 def _failure_order(text: str) -> int:
