@@ -147,6 +147,10 @@ def comma_list(options: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+MAX_DIM = 2**63 - 1
+"""The largest size of one dimension on the command line (int64, as numpy and torch count)."""
+
+
 def shape_arg(text: str) -> tuple[int, ...]:
     """``"1024,1024,512"`` -> (1024, 1024, 512): sizes >= 0 separated by commas."""
     try:
@@ -155,6 +159,8 @@ def shape_arg(text: str) -> tuple[int, ...]:
         _fail("must be integers >= 0 separated by commas, e.g. 1024,1024,512", text)
     if any(s < 0 for s in shape):
         _fail("must be integers >= 0 separated by commas, e.g. 1024,1024,512", text)
+    if any(s > MAX_DIM for s in shape):
+        _fail(f"each size must be at most 2**63 - 1 ({MAX_DIM})", text)
     return shape
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -39,7 +40,7 @@ CASE = PAPER_CASES[1]  # case 2: RRR -> S0RR, source fully replicated
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``meshcast demo``."""
-    parser.add_argument("--scale", type=integer(1), default=1,
+    parser.add_argument("--scale", type=_scale, default=1,
                         help="planning table: divide the paper's tensors' first dimension by "
                         "this (default 1)")
     parser.add_argument("--mib", type=_even_mib, default=64,
@@ -51,6 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loopback", action="store_true",
                         help="real run on loopback even where an emulated cluster is possible")
     parser.add_argument("--plan-only", action="store_true", help="skip the real run")
+
+
+def _scale(text: str) -> int:
+    """``--scale``: a divisor of the first dimension of every paper case."""
+    value = integer(1)(text)
+    first = math.gcd(*(case.shape[0] for case in PAPER_CASES))
+    if first % value:
+        raise argparse.ArgumentTypeError(
+            f"must divide {first} (the paper's tensors' first dimension), got {text!r}")
+    return value
 
 
 def _even_mib(text: str) -> int:
