@@ -64,7 +64,7 @@ def run_ranks(
         with open(os.path.join(job, "job.pkl"), "wb") as f:
             pickle.dump((_preparation(), pickle.dumps((fn, args))), f)
         argv = [sys.executable, "-m", "meshcast.runtime._rank", job]
-        base_env = {**base_env, "PYTHONPATH": _pythonpath(base_env)}
+        base_env = _with_meshcast_importable(base_env)
         for rank in range(world_size):
             procs.append(start(rank, argv, base_env))
             tails.append(StderrTail(procs[-1]))
@@ -130,12 +130,18 @@ class StderrTail:
         return f"{how} {BEFORE_REPORT}; the end of its stderr:\n{tail}"
 
 
-def _pythonpath(env: dict[str, str]) -> str:
-    """``PYTHONPATH`` for a rank: where this meshcast is found first, then the caller's (the rank
-    must import ``meshcast.runtime._rank`` before it can restore ``sys.path``)."""
+def _with_meshcast_importable(env: dict[str, str]) -> dict[str, str]:
+    """``env`` where a fresh interpreter finds this meshcast: a rank imports
+    ``meshcast.runtime._rank`` before it restores the launcher's ``sys.path``. Installed in a
+    site-packages folder it is found anyway; else (a source tree, a ``sys.path`` entry added by
+    the caller) its folder goes first on ``PYTHONPATH``."""
+    import site
+
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if here in {*site.getsitepackages(), site.getusersitepackages()}:
+        return env
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
-    return os.pathsep.join([here, *rest])
+    return {**env, "PYTHONPATH": os.pathsep.join([here, *rest])}
 
 
 def _preparation() -> dict[str, Any]:
