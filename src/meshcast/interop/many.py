@@ -103,6 +103,10 @@ def reshard_many(
     for k, p in enumerate(plans):
         if not isinstance(p, Plan):
             raise TypeError(f"plans[{k}] must be a meshcast.Plan, got {type(p).__name__}")
+        try:
+            p.check()  # once per plan object: every destination element delivered exactly once
+        except ValueError as e:
+            raise ValueError(f"meshcast.reshard_many: plans[{k}]: {e}") from None
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:

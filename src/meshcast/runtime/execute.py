@@ -110,6 +110,7 @@ def reshard(
     """
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
+    plan.check()  # once per plan object: every destination element delivered exactly once
     for argument, value in (
         ("timeout", timeout),
         ("chunk_bytes", chunk_bytes),
