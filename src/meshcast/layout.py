@@ -245,8 +245,11 @@ class Layout:
                 k = mesh_shape[a]
                 chunk = -(-lengths // k)  # ceil
                 i = np.arange(k, dtype=np.int64)
-                lo = np.minimum(i[None, :] * chunk[:, None], lengths[:, None])
-                hi = np.minimum((i[None, :] + 1) * chunk[:, None], lengths[:, None])
+                # i * chunk < length wherever it is used (chunk = ceil(length / k)), so int64 never
+                # overflows; lo + min(chunk, length - lo) rather than (i + 1) * chunk likewise
+                inside = i[None, :] < -(-lengths[:, None] // np.maximum(chunk[:, None], 1))
+                lo = np.where(inside, i[None, :] * chunk[:, None], lengths[:, None])
+                hi = lo + np.minimum(chunk[:, None], lengths[:, None] - lo)
                 starts = (starts[:, None] + lo).reshape(-1)
                 lengths = (hi - lo).reshape(-1)
             out.append((starts, starts + lengths))
