@@ -285,17 +285,22 @@ def _outbound_lp(
         return float((load / b_out).max()), tuple((1.0,) for _ in groups)
     from scipy.optimize import linprog
 
-    # variables: y[g, k] (seconds of host groups[g][k]'s outbound time spent on group g), then T
+    # variables: y[g, k] (time units of host groups[g][k]'s outbound time spent on group g),
+    # then T. The unit is a second unless a second moves a tiny share of the largest group
+    # (transfers of days): then a unit moves about all of it, so that no coefficient falls
+    # below the solver's tolerance (HiGHS drops tiny matrix entries, making the LP infeasible).
     scale = float(max(group_bytes.max(), 1.0))
     cols = [(g, h) for g, hosts in enumerate(groups) for h in hosts]
     n = len(cols) + 1
     hosts_used = sorted({h for g in groups for h in g})
+    fastest = max(float(b_out[h]) for h in hosts_used)
+    unit = 1.0 if min(float(b_out[h]) for h in hosts_used) / scale >= 1e-6 else scale / fastest
     row_of = {h: i for i, h in enumerate(hosts_used)}
     a_ub = np.zeros((len(hosts_used), n))
     a_eq = np.zeros((len(groups), n))
     for j, (g, h) in enumerate(cols):
         a_ub[row_of[h], j] = 1.0  # seconds host h sends
-        a_eq[g, j] = b_out[h] / scale  # bytes (scaled) those seconds move
+        a_eq[g, j] = b_out[h] * unit / scale  # bytes (scaled) those units move
     a_ub[:, -1] = -1.0
     c = np.zeros(n)
     c[-1] = 1.0
@@ -314,12 +319,12 @@ def _outbound_lp(
     fractions: list[tuple[float, ...]] = []
     j = 0
     for hosts in groups:
-        moved = [x[j + k] * b_out[h] / scale for k, h in enumerate(hosts)]
+        moved = [x[j + k] * b_out[h] * unit / scale for k, h in enumerate(hosts)]
         j += len(hosts)
         total = sum(moved) or 1.0
         fractions.append(tuple(m / total for m in moved))
     # the LP optimum up to solver tolerance; never above what an exact split could reach
-    return float(max(x[-1], 0.0)) * (1 - 1e-7), tuple(fractions)
+    return float(max(x[-1], 0.0)) * unit * (1 - 1e-7), tuple(fractions)
 
 
 def lower_bound(task: ReshardTask, topology: Topology | None = None) -> float:
