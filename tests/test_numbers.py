@@ -107,10 +107,9 @@ def large_tasks(draw) -> mc.ReshardTask:
         shape.append(draw(st.integers(max(0, 2 ** (bits - 1)), 2**bits - 1)) if bits else 1)
     src_mesh = draw(meshes(max_devices=8))
     dst_mesh = draw(st.one_of(meshes(max_devices=8), st.just(src_mesh)))
-    spec = (lambda m: draw(specs(m, ndim))) if ndim else (lambda m: [R] * m.ndim)
-    return mc.ReshardTask(
-        tuple(shape), dtype, mc.Layout(src_mesh, spec(src_mesh)), mc.Layout(dst_mesh, spec(dst_mesh))
-    )
+    src = mc.Layout(src_mesh, draw(specs(src_mesh, ndim)) if ndim else "")
+    dst = mc.Layout(dst_mesh, draw(specs(dst_mesh, ndim)) if ndim else "")
+    return mc.ReshardTask(tuple(shape), dtype, src, dst)
 
 
 @given(large_tasks(), st.sampled_from([*mc.STRATEGIES, None]), st.sampled_from(mc.BALANCES))

@@ -255,7 +255,13 @@ def test_messages_name_the_operation_rank_and_box():
         "slice(start, stop) objects, got slice(0, 3, 2)"
     )
     assert _refused(plan, [mc.Send(0, 4, (S(0, 3.0), S(0, 3))), *ops[1:]]) == (
-        "op 0 (send 0->4 of [0:3.0, 0:3]): box stop must be an integer, got 3.0"
+        "op 0 (send 0->4 of [0:3.0, 0:3]): box stop must be a Python int, got 3.0 (float)"
+    )
+    assert _refused(plan, [mc.Send(np.int64(0), 4, (S(0, 3), S(0, 3))), *ops[1:]]) == (
+        "op 0 (send 0->4 of [0:3, 0:3]): src rank must be a Python int, got np.int64(0) (int64)"
+    )
+    assert _refused(plan, [mc.Send(0, 4, (S(0, 3), S(True, 3))), *ops[1:]]) == (
+        "op 0 (send 0->4 of [0:3, True:3]): box start must be a Python int, got True (bool)"
     )
     assert _refused(plan, ["send", *ops[1:]]) == (
         "op 0 (str): an operation of unknown type str (known: Copy, Send, Broadcast, AllGather)"
@@ -276,6 +282,10 @@ def test_broadcast_and_send_fields():
     )
     assert _refused(plan, [mc.Broadcast(0, (4, 4), ops[0].box), *ops[1:]]) == (
         "op 0 (broadcast from 0 to [4, 4] of [0:3, 0:3]): dsts [4, 4] name a rank more than once"
+    )
+    assert _refused(plan, [mc.Broadcast(0, 4, ops[0].box), *ops[1:]]) == (
+        "op 0 (broadcast from 0 to 4 of [0:3, 0:3]): dsts must be a non-empty tuple of ranks, "
+        "got 4"
     )
     assert _refused(plan, [mc.Broadcast(0, (), ops[0].box), *ops[1:]]) == (
         "op 0 (broadcast from 0 to [] of [0:3, 0:3]): dsts must be a non-empty tuple of ranks, "

@@ -23,11 +23,20 @@ __all__ = [
     "exact_cover",
     "first_matching",
     "first_overlap_from",
+    "fmt_box",
     "fmt_flat",
     "intersect",
     "locate",
     "tiling_error",
 ]
+
+
+def fmt_box(box) -> str:
+    """``[0:4, 8:16]`` for a box of slices, its repr if it is not one."""
+    try:
+        return "[" + ", ".join(f"{s.start}:{s.stop}" for s in box) + "]"
+    except (AttributeError, TypeError):
+        return repr(box)
 
 
 def fmt_flat(row) -> str:
