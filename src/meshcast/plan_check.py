@@ -89,11 +89,12 @@ def plan_error(plan: Plan) -> str | None:
 def _bounds(task: ReshardTask, side: str) -> np.ndarray:
     """Shard boxes of the source or destination mesh, one row (starts, stops) per position."""
     layout = task.src if side == "src" else task.dst
-    rows = []
-    for r in layout.mesh.devices:
-        box = layout.box(r, task.shape)
-        rows.append([s.start for s in box] + [s.stop for s in box])
-    return np.array(rows, dtype=np.int64).reshape(len(rows), 2 * len(task.shape))
+    d = len(task.shape)
+    tiles = layout.tile_of_positions(d)
+    rows = np.zeros((layout.mesh.size, 2 * d), dtype=np.int64)
+    for j, (starts, stops) in enumerate(layout.tile_bounds(task.shape)):
+        rows[:, j], rows[:, d + j] = starts[tiles[:, j]], stops[tiles[:, j]]
+    return rows
 
 
 def _inside(plan: Plan, rec: Records) -> str | None:
@@ -101,13 +102,14 @@ def _inside(plan: Plan, rec: Records) -> str | None:
     receiver's destination shard: the first operation breaking this, or None."""
     task, d = plan.task, len(plan.task.shape)
     found: list[tuple[int, str]] = []
+    bounds = {side: _bounds(task, side) for side in ("src", "dst")}
     for kind, side, verb in (
         ("src", "src", "reads {box}, but rank {r} holds {shard} of the source layout"),
         ("dst", "dst", "delivers {box} to rank {r}, whose destination shard is {shard}"),
         ("own", "dst", "has rank {r} contribute {box}, but its destination shard is {shard}"),
     ):
         ops, pos, boxes = rec.rows[kind]
-        shard = _bounds(task, side)[pos]
+        shard = bounds[side][pos]
         bad = ((boxes[:, :d] < shard[:, :d]) | (boxes[:, d:] > shard[:, d:])).any(axis=1)
         if bad.any():
             k = int(np.argmax(bad))

@@ -173,14 +173,17 @@ def read_ops(rec: Records, ops: tuple) -> None:
     operation that is not well formed."""
     kinds = (Copy, Send, Broadcast)
     ids = {k: i for i, k in enumerate((*kinds, AllGather))}
-    kind_of = np.array([ids.get(type(op), -1) for op in ops], dtype=np.int64)
+    kind_of = np.fromiter(
+        map(ids.get, map(type, ops), itertools.repeat(-1)), dtype=np.int64, count=len(ops)
+    )
     chunks: dict[str, list[Rows]] = {"src": [], "dst": [], "own": []}
     regular = not (kind_of < 0).any()
     for k, kind in enumerate(kinds):
         if not regular:
             break
         where = np.flatnonzero(kind_of == k)
-        got = _read_kind(rec, kind, where, [ops[i] for i in where.tolist()])
+        picked = ops if len(where) == len(ops) else [ops[i] for i in where.tolist()]
+        got = _read_kind(rec, kind, where, picked)
         regular = got is not None
         if regular:
             for side, rows in got.items():
@@ -244,17 +247,17 @@ def _read_kind(rec: Records, kind: type, where: np.ndarray, ops: list) -> dict[s
     field is irregular (then they are read one by one for the message)."""
     if not ops:
         return {}
-    fields = list(zip(*ops))
+    fields = [list(map(operator.itemgetter(k), ops)) for k in range(len(kind._fields))]
     if kind is Copy:
         src, dst, boxes = fields[0], fields[0], fields[1]
     else:
         src, dst, boxes = fields
-    a = _positions(list(src), rec.src_pos)
-    box = _boxes(rec, list(boxes))
+    a = _positions(src, rec.src_pos)
+    box = _boxes(rec, boxes)
     if a is None or box is None:
         return None
     if kind is not Broadcast:
-        b = _positions(list(dst), rec.dst_pos)
+        b = _positions(dst, rec.dst_pos)
         if b is None or (kind is Send and any(map(operator.eq, src, dst))):
             return None
         return {"src": (where, a, box), "dst": (where, b, box)}
