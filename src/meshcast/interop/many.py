@@ -87,7 +87,8 @@ def reshard_many(
 
     The operations of all plans are cut into buckets so that no rank stages (packs or unpacks)
     more than ``bucket_bytes`` at once (:func:`meshcast.interop.plans.build_schedule`); within a
-    bucket each pair of ranks exchanges one packed message per phase. Inputs are checked on every
+    bucket each pair of ranks exchanges one packed message per phase. Every plan is checked
+    first (:meth:`meshcast.Plan.check`, once per plan object). Inputs are checked on every
     rank and the plan ranks agree on the result before any data moves: a bad input raises
     ``ValueError`` everywhere, naming the tensor (``names[k]`` when given) and the rule. Any wait
     longer than ``timeout`` seconds raises :class:`meshcast.ReshardError`.
