@@ -83,7 +83,11 @@ def plan_error(plan: Plan) -> str | None:
     except BadOp as e:
         i, op = e.args[1], plan.ops[e.args[1]]
         return f"op {i} ({_describe(op)}): {e.args[0]}"
-    return _inside(plan, rec) or _coverage(plan, rec) or _contributions(plan, rec)
+    bounds = {side: _bounds(task, side) for side in ("src", "dst")}
+    return (
+        _inside(plan, rec, bounds) or _coverage(plan, rec, bounds["dst"])
+        or _contributions(plan, rec)
+    )
 
 
 def _bounds(task: ReshardTask, side: str) -> np.ndarray:
@@ -97,12 +101,11 @@ def _bounds(task: ReshardTask, side: str) -> np.ndarray:
     return rows
 
 
-def _inside(plan: Plan, rec: Records) -> str | None:
+def _inside(plan: Plan, rec: Records, bounds: dict[str, np.ndarray]) -> str | None:
     """Reads inside the sender's source shard, deliveries and contributions inside the
     receiver's destination shard: the first operation breaking this, or None."""
     task, d = plan.task, len(plan.task.shape)
     found: list[tuple[int, str]] = []
-    bounds = {side: _bounds(task, side) for side in ("src", "dst")}
     for kind, side, verb in (
         ("src", "src", "reads {box}, but rank {r} holds {shard} of the source layout"),
         ("dst", "dst", "delivers {box} to rank {r}, whose destination shard is {shard}"),
@@ -124,11 +127,10 @@ def _inside(plan: Plan, rec: Records) -> str | None:
     return f"op {i} ({_describe(plan.ops[i])}) {why}"
 
 
-def _coverage(plan: Plan, rec: Records) -> str | None:
+def _coverage(plan: Plan, rec: Records, shards: np.ndarray) -> str | None:
     """Every destination shard delivered exactly once: None, or the first wrong region."""
     task = plan.task
     ops, pos, boxes = rec.rows["dst"]
-    shards = _bounds(task, "dst")
     wrong = coverage.exact_cover(task.shape, pos, boxes, shards)
     if not wrong:
         return None
