@@ -9,6 +9,7 @@ from .local import execute_local, gather, scatter
 from .lower_bound import LowerBound, lower_bound, lower_bound_details
 from .mesh import Mesh
 from .plan import AllGather, Broadcast, Copy, Op, Plan, Send
+from .plan_check import check_plan
 from .planner import BALANCES, STRATEGIES, plan
 from .simulate import SimReport, simulate, time_floor
 from .task import ReshardTask, UnitSlice
@@ -34,6 +35,7 @@ __all__ = [
     "SimReport",
     "Topology",
     "UnitSlice",
+    "check_plan",
     "execute_local",
     "gather",
     "lower_bound",

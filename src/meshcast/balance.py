@@ -92,7 +92,10 @@ _GBIT = 1e9 / 8
 
 
 def _split_weighted(box: Box, weights: list[float]) -> list[Box | None]:
-    """``box`` cut along its longest dimension in proportion to ``weights`` (None: empty part)."""
+    """``box`` cut along its longest dimension in proportion to ``weights`` (None: empty part).
+    A 0-d box (one element) is not cut: the first part is all of it."""
+    if not box:
+        return [box] + [None] * (len(weights) - 1)
     dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
     lo, hi = box[dim].start, box[dim].stop
     total = sum(weights)

@@ -94,7 +94,7 @@ def split_box(box: Box, k: int) -> tuple[Box, ...] | None:
 def _parse_spec(spec: str, mesh: Mesh) -> tuple[tuple[int, ...], ...]:
     text = spec.replace(",", "").replace(" ", "")
     tokens = _TOKEN.findall(text)
-    if "".join(tokens) != text or not tokens:
+    if "".join(tokens) != text or (not tokens and spec != ""):
         raise ValueError(
             f"spec {spec!r} is not a layout: write one token per tensor dimension, R or S followed "
             f"by mesh-axis digits, e.g. 'S0RR', 'RS01R' or 'S0,R,R'"
@@ -121,7 +121,8 @@ class Layout:
     """Where a tensor lives: a :class:`Mesh` plus how each tensor dimension is split over it.
 
     ``Layout(mesh, "S0RR")``, ``Layout(mesh, "S0,R,R")`` and
-    ``Layout(mesh, [Shard(0), Replicate()])`` are all accepted. A layout given as placements does
+    ``Layout(mesh, [Shard(0), Replicate()])`` are all accepted; ``Layout(mesh, "")`` is the
+    layout of a 0-d tensor (replicated on every rank). A layout given as placements does
     not fix the tensor rank: unnamed dimensions are replicated.
     """
 
@@ -245,8 +246,11 @@ class Layout:
                 k = mesh_shape[a]
                 chunk = -(-lengths // k)  # ceil
                 i = np.arange(k, dtype=np.int64)
-                lo = np.minimum(i[None, :] * chunk[:, None], lengths[:, None])
-                hi = np.minimum((i[None, :] + 1) * chunk[:, None], lengths[:, None])
+                # i * chunk < length wherever it is used (chunk = ceil(length / k)), so int64 never
+                # overflows; lo + min(chunk, length - lo) rather than (i + 1) * chunk likewise
+                inside = i[None, :] < -(-lengths[:, None] // np.maximum(chunk[:, None], 1))
+                lo = np.where(inside, i[None, :] * chunk[:, None], lengths[:, None])
+                hi = lo + np.minimum(chunk[:, None], lengths[:, None] - lo)
                 starts = (starts[:, None] + lo).reshape(-1)
                 lengths = (hi - lo).reshape(-1)
             out.append((starts, starts + lengths))

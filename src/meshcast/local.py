@@ -13,15 +13,21 @@ from .plan import AllGather, Broadcast, Copy, Plan, Send
 __all__ = ["execute_local", "gather", "scatter"]
 
 
-def _local(box: Box, within: Box) -> tuple[slice, ...]:
-    """``box`` (global coordinates) relative to the shard ``within``."""
-    return tuple(slice(b.start - w.start, b.stop - w.start) for b, w in zip(box, within))
+def _local(box: Box, within: Box) -> tuple:
+    """``box`` (global coordinates) relative to the shard ``within``, as an index that gives an
+    array view (a 0-d one for a 0-d tensor, not a scalar)."""
+    return (*(slice(b.start - w.start, b.stop - w.start) for b, w in zip(box, within)), ...)
+
+
+def _view(box: Box) -> tuple:
+    """``box`` as an index that gives an array view even for a 0-d tensor."""
+    return (*box, ...)
 
 
 def scatter(array: np.ndarray, layout: Layout) -> dict[int, np.ndarray]:
     """Split ``array`` into the shards of ``layout``: ``{rank: copy of its box}``."""
     array = np.asarray(array)
-    return {r: array[layout.box(r, array.shape)].copy() for r in layout.mesh.devices}
+    return {r: array[_view(layout.box(r, array.shape))].copy() for r in layout.mesh.devices}
 
 
 def _check_shards(
@@ -76,7 +82,7 @@ def gather(
     out = np.empty(shape, dtype=first.dtype)
     seen = np.zeros(shape, dtype=bool)
     for r in devices:
-        box = layout.box(r, shape)
+        box = _view(layout.box(r, shape))
         region = out[box]
         if seen[box].any() and not np.array_equal(region[seen[box]], shards[r][seen[box]]):
             raise ValueError(f"shards[{r}] disagrees with another replica of the same region")
@@ -87,9 +93,14 @@ def gather(
 
 def execute_local(plan: Plan, shards: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Run ``plan`` in this process: from source shards ``{rank: ndarray}`` (every rank of the
-    source mesh) to destination shards (every rank of the destination mesh)."""
+    source mesh) to destination shards (every rank of the destination mesh).
+
+    The plan is checked first (:meth:`Plan.check`): one that does not deliver every destination
+    element exactly once raises ``ValueError`` naming the first missing or wrong region.
+    """
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
+    plan.check()
     task = plan.task
     _check_shards(shards, task.src, task.shape, task.numpy_dtype, "shards")
     src_box = {r: task.src_box(r) for r in task.src.mesh.devices}

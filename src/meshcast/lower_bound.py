@@ -86,7 +86,8 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     n_dst = len(dec.receivers_of_tile)
     pair = dec.src_tile * n_dst + dec.dst_tile
     pairs, inverse = np.unique(pair, return_inverse=True)
-    nbytes = np.bincount(inverse, weights=dec.sizes().astype(np.float64)) * task.itemsize
+    exact = _sum_by(inverse.ravel(), dec.sizes(), len(pairs)) * task.itemsize  # int64, exact
+    nbytes = exact.astype(np.float64)
     s, t = pairs // n_dst, pairs % n_dst
     # bytes that must enter each host: slices some rank of it needs and none of it holds
     tile_bytes = np.zeros((len(held), len(wanted)))
@@ -97,10 +98,12 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * _GBIT
     b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * _GBIT
     inbound = float((host_in / b_in).max()) if n_hosts else 0.0
-    # outbound: bytes of each source tile that must leave, grouped by holder-host set
-    leave = np.bincount(s, weights=np.where(need_any, nbytes, 0.0), minlength=len(held))
+    # outbound: bytes of each source tile that must leave, grouped by holder-host set (exact
+    # int64 sums of disjoint parts of the tensor, which has at most 2^63 - 1 bytes)
+    leave = _sum_by(s, np.where(need_any, exact, 0), len(held))
     keys, group_of = np.unique(held, axis=0, return_inverse=True)
-    group_bytes = np.bincount(group_of.ravel(), weights=leave, minlength=len(keys))
+    group_exact = _sum_by(group_of.ravel(), leave, len(keys))
+    group_bytes = group_exact.astype(np.float64)
     groups = [tuple(np.flatnonzero(k).tolist()) for k in keys]
     keep = [g for g in range(len(groups)) if group_bytes[g] > 0]
     outbound, fractions = _outbound_lp([groups[g] for g in keep], group_bytes[keep], b_out)
@@ -118,10 +121,17 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
         rank_s=rank,
         host_in_bytes=host_in,
         groups=tuple(groups[g] for g in keep),
-        group_bytes=tuple(round(float(group_bytes[g])) for g in keep),
+        group_bytes=tuple(int(group_exact[g]) for g in keep),
         fractions=fractions,
         host_s=host,
     )
+
+
+def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """``out[k] = sum(values[index == k])`` in int64 (``np.bincount`` sums in float64)."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, index, values.astype(np.int64))
+    return out
 
 
 def _rank_matrix(tiles: list[tuple[int, ...]], index: dict[int, int]) -> np.ndarray:
@@ -275,17 +285,22 @@ def _outbound_lp(
         return float((load / b_out).max()), tuple((1.0,) for _ in groups)
     from scipy.optimize import linprog
 
-    # variables: y[g, k] (seconds of host groups[g][k]'s outbound time spent on group g), then T
+    # variables: y[g, k] (time units of host groups[g][k]'s outbound time spent on group g),
+    # then T. The unit is a second unless a second moves a tiny share of the largest group
+    # (transfers of days): then a unit moves about all of it, so that no coefficient falls
+    # below the solver's tolerance (HiGHS drops tiny matrix entries, making the LP infeasible).
     scale = float(max(group_bytes.max(), 1.0))
     cols = [(g, h) for g, hosts in enumerate(groups) for h in hosts]
     n = len(cols) + 1
     hosts_used = sorted({h for g in groups for h in g})
+    fastest = max(float(b_out[h]) for h in hosts_used)
+    unit = 1.0 if min(float(b_out[h]) for h in hosts_used) / scale >= 1e-6 else scale / fastest
     row_of = {h: i for i, h in enumerate(hosts_used)}
     a_ub = np.zeros((len(hosts_used), n))
     a_eq = np.zeros((len(groups), n))
     for j, (g, h) in enumerate(cols):
         a_ub[row_of[h], j] = 1.0  # seconds host h sends
-        a_eq[g, j] = b_out[h] / scale  # bytes (scaled) those seconds move
+        a_eq[g, j] = b_out[h] * unit / scale  # bytes (scaled) those units move
     a_ub[:, -1] = -1.0
     c = np.zeros(n)
     c[-1] = 1.0
@@ -304,12 +319,12 @@ def _outbound_lp(
     fractions: list[tuple[float, ...]] = []
     j = 0
     for hosts in groups:
-        moved = [x[j + k] * b_out[h] / scale for k, h in enumerate(hosts)]
+        moved = [x[j + k] * b_out[h] * unit / scale for k, h in enumerate(hosts)]
         j += len(hosts)
         total = sum(moved) or 1.0
         fractions.append(tuple(m / total for m in moved))
     # the LP optimum up to solver tolerance; never above what an exact split could reach
-    return float(max(x[-1], 0.0)) * (1 - 1e-7), tuple(fractions)
+    return float(max(x[-1], 0.0)) * unit * (1 - 1e-7), tuple(fractions)
 
 
 def lower_bound(task: ReshardTask, topology: Topology | None = None) -> float:

@@ -32,6 +32,11 @@ class Mesh:
             )
         if array.size == 0:
             raise ValueError(f"devices must not be empty, got shape {array.shape}")
+        if array.dtype in (object, np.uint64) and any(
+            isinstance(r, (int, np.integer)) and not isinstance(r, bool) and int(r) >= 2**63
+            for r in array.reshape(-1)
+        ):
+            raise ValueError(f"devices must be ranks below 2^63, got {devices!r}")
         if array.dtype == object or not (
             np.issubdtype(array.dtype, np.integer) and array.dtype != np.bool_
         ):
@@ -55,7 +60,11 @@ class Mesh:
         dims = tuple(as_index(s, "shape") for s in shape)
         if not dims or 0 in dims:
             raise ValueError(f"shape must have at least one axis and no zero axis, got {shape}")
-        return cls(np.arange(start, start + math.prod(dims)).reshape(dims))
+        if start + math.prod(dims) > 2**63:
+            raise ValueError(
+                f"ranks must be below 2^63: start={start} with {math.prod(dims)} ranks"
+            )
+        return cls((np.arange(math.prod(dims), dtype=np.int64) + start).reshape(dims))
 
     @property
     def shape(self) -> tuple[int, ...]:

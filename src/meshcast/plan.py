@@ -130,7 +130,13 @@ def _box_to_json(box: Box) -> list[list[int]]:
 
 
 def _box_from_json(data: list[list[int]]) -> Box:
-    return tuple(slice(a, b) for a, b in data)
+    return tuple(slice(*_pair(s)) for s in data)
+
+
+def _pair(data: Any) -> tuple[Any, Any]:
+    if not isinstance(data, list) or len(data) != 2:
+        raise ValueError(f"a box dimension must be [start, stop], got {data!r}")
+    return data[0], data[1]
 
 
 def _op_to_json(op: Op) -> list[Any]:
@@ -143,19 +149,36 @@ def _op_to_json(op: Op) -> list[Any]:
     return ["allgather", list(op.group), _box_to_json(op.box), [_box_to_json(p) for p in op.parts]]
 
 
+_ARITY = {"copy": 3, "send": 4, "broadcast": 4, "allgather": 4}
+
+
 def _op_from_json(data: list[Any]) -> Op:
-    kind = data[0]
+    kind = data[0] if isinstance(data, list) and data else None
+    if kind not in _ARITY:
+        raise ValueError(f"unknown kind {kind!r}; known: {list(_OPS)}")
+    if len(data) != _ARITY[kind]:
+        raise ValueError(f"a {kind} has {_ARITY[kind] - 1} fields, got {len(data) - 1}")
     if kind == "copy":
         return Copy(data[1], _box_from_json(data[2]))
     if kind == "send":
         return Send(data[1], data[2], _box_from_json(data[3]))
     if kind == "broadcast":
         return Broadcast(data[1], tuple(data[2]), _box_from_json(data[3]))
-    if kind == "allgather":
-        return AllGather(
-            tuple(data[1]), _box_from_json(data[2]), tuple(_box_from_json(p) for p in data[3])
-        )
-    raise ValueError(f"plan JSON has an operation of unknown kind {kind!r}; known: {list(_OPS)}")
+    return AllGather(
+        tuple(data[1]), _box_from_json(data[2]), tuple(_box_from_json(p) for p in data[3])
+    )
+
+
+def _ops_from_json(data: Any) -> tuple[Op, ...]:
+    if not isinstance(data, list):
+        raise ValueError(f"plan JSON: ops must be a list, got {type(data).__name__}")
+    ops = []
+    for i, op in enumerate(data):
+        try:
+            ops.append(_op_from_json(op))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"plan JSON: ops[{i}] = {op!r} is not an operation: {e}") from None
+    return tuple(ops)
 
 
 @dataclass(frozen=True)
@@ -172,7 +195,25 @@ class Plan:
     balance: str
     topology: Topology
     fallbacks: tuple[tuple[int, str], ...] = ()
-    _by_rank: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
+    _by_rank: dict[int, list[int]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    _verdict: dict[str, str | None] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first missing or wrong region (rank, box, operation
+        index) unless the plan delivers every destination element of every rank exactly once and
+        every operation reads only data its sender holds or has received earlier
+        (:mod:`meshcast.plan_check`). Checked once per plan object; the verdict is kept."""
+        if "error" not in self._verdict:
+            from .plan_check import plan_error
+
+            self._verdict["error"] = plan_error(self)
+        error = self._verdict["error"]
+        if error is not None:
+            raise ValueError(f"plan check failed: {error}")
 
     # -- queries ----------------------------------------------------------------------------
     def ops_of(self, rank: int) -> list[int]:
@@ -289,23 +330,27 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str | bytes | dict[str, Any]) -> Plan:
-        """Inverse of :meth:`to_json` (accepts the string or the parsed dict)."""
+        """Inverse of :meth:`to_json` (accepts the string or the parsed dict). The plan is
+        checked (:meth:`check`): one that does not deliver its destination layout exactly raises
+        ``ValueError`` naming the first missing or wrong region."""
         data = text if isinstance(text, dict) else json.loads(text)
         if data.get("format") != "meshcast.plan/1":
             raise ValueError(f"not a meshcast plan: format={data.get('format')!r}")
-        return cls(
+        plan = cls(
             task=ReshardTask.from_json(data["task"]),
-            ops=tuple(_op_from_json(op) for op in data["ops"]),
+            ops=_ops_from_json(data["ops"]),
             strategy=data["strategy"],
             balance=data["balance"],
             topology=Topology.from_json(data["topology"]),
             fallbacks=tuple((int(i), str(why)) for i, why in data["fallbacks"]),
         )
+        plan.check()
+        return plan
 
 
 def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024 or unit == "EiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError

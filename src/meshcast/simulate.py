@@ -47,7 +47,8 @@ class SimReport:
     ``start_s[i]`` / ``end_s[i]``: when operation ``i`` of the plan started (its ranks free) and
     finished; ``transfer_s[i]``: when it began moving bytes (after its latency). ``op_nics[i]``:
     the NICs it loads, as indices into ``nic_names``. ``host_bytes_out[h]`` / ``host_bytes_in[h]``:
-    bytes leaving / entering host ``h`` through its NICs.
+    bytes leaving / entering host ``h`` through its NICs (int64; exact Python ints, dtype object,
+    in the rare case that a count exceeds int64).
     """
 
     time_s: float
@@ -193,8 +194,8 @@ def simulate(plan: Plan, topology: Topology | None = None) -> SimReport:
     kinds = tuple(op.kind for op in plan.ops)
     start, begin, end = _run(model, nics.caps)
     n_hosts = topology.num_hosts
-    host_out = np.zeros(n_hosts, dtype=np.int64)
-    host_in = np.zeros(n_hosts, dtype=np.int64)
+    host_out = [0] * n_hosts  # Python ints: exact however many bytes cross
+    host_in = [0] * n_hosts
     host_of_nic = nics.host_of_nic
     for _, nbytes, res, _, _ in model:
         for r in res:
@@ -208,12 +209,19 @@ def simulate(plan: Plan, topology: Topology | None = None) -> SimReport:
         start_s=start,
         transfer_s=begin,
         end_s=end,
-        host_bytes_out=host_out,
-        host_bytes_in=host_in,
+        host_bytes_out=exact_array(host_out),
+        host_bytes_in=exact_array(host_in),
         op_nics=tuple(tuple(r for r in m[2]) for m in model),
         nic_names=tuple(nics.names),
         kinds=kinds,
     )
+
+
+def exact_array(values: list[int]) -> np.ndarray:
+    """Byte counts as int64, or as Python ints (dtype object) where some exceed int64."""
+    if all(-(2**63) <= v < 2**63 for v in values):
+        return np.array(values, dtype=np.int64)
+    return np.array(values, dtype=object)
 
 
 def time_floor(plan: Plan, topology: Topology) -> float:

@@ -21,7 +21,7 @@ from ._checks import as_shape
 from .dtypes import DTypeLike, dtype_name, itemsize, numpy_dtype
 from .layout import Box, Layout, box_size
 
-__all__ = ["Decomposition", "ReshardTask", "SliceInfo", "UnitSlice", "iter_slices"]
+__all__ = ["MAX_BYTES", "Decomposition", "ReshardTask", "SliceInfo", "UnitSlice", "iter_slices"]
 
 
 class UnitSlice(NamedTuple):
@@ -123,12 +123,32 @@ def _refine(src: tuple[np.ndarray, np.ndarray], dst: tuple[np.ndarray, np.ndarra
     )
 
 
+MAX_BYTES = 2**63 - 1
+"""The largest tensor (in bytes) a task may describe: sizes, offsets and byte counts of one
+tensor are then exact in numpy's int64 (the planner's vector arithmetic)."""
+
+
+def _check_size(shape: tuple[int, ...], dtype: str) -> None:
+    """Refuse a tensor whose byte size or any dimension does not fit in int64."""
+    elements = math.prod(shape)
+    nbytes = elements * itemsize(dtype)
+    if nbytes > MAX_BYTES or any(n > MAX_BYTES for n in shape):
+        raise ValueError(
+            f"shape {shape} of {dtype} is too large: {elements} elements, {nbytes} bytes; a "
+            f"tensor may have at most 2^63 - 1 bytes and no dimension above 2^63 - 1 (sizes are "
+            f"exact int64)"
+        )
+
+
 @dataclass(frozen=True, eq=True)
 class ReshardTask:
     """Move a tensor of ``shape`` and ``dtype`` from layout ``src`` to layout ``dst``.
 
     The meshes may be disjoint, overlap or be the same; a receiver that already holds a piece gets
     it by a local copy. ``dtype`` is a name (``"bfloat16"``), a numpy dtype or a torch dtype.
+    ``shape`` may be ``()`` (a 0-d tensor, one element). A tensor of more than
+    :data:`MAX_BYTES` bytes (2^63 - 1) is refused with ``ValueError``: below that every size,
+    offset and byte count of it is exact.
     """
 
     shape: tuple[int, ...]
@@ -142,8 +162,10 @@ class ReshardTask:
             if not isinstance(layout, Layout):
                 raise TypeError(f"{argument} must be a meshcast.Layout, got {layout!r}")
             layout._check_ndim(len(shape), argument=f"shape {shape}")
+        name = dtype_name(dtype)
+        _check_size(shape, name)
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dtype", dtype_name(dtype))
+        object.__setattr__(self, "dtype", name)
         object.__setattr__(self, "src", src)
         object.__setattr__(self, "dst", dst)
 
@@ -179,7 +201,8 @@ class ReshardTask:
             for s, d in zip(self.src.tile_bounds(self.shape), self.dst.tile_bounds(self.shape))
         ]
         counts = tuple(len(lo) for lo, _, _, _ in per_dim)
-        idx = np.unravel_index(np.arange(math.prod(counts), dtype=np.int64), counts)
+        cells = np.arange(math.prod(counts), dtype=np.int64)
+        idx = np.unravel_index(cells, counts) if ndim else ()  # a 0-d tensor: one cell
         src_tile = np.zeros(math.prod(counts), dtype=np.int64)
         dst_tile = np.zeros_like(src_tile)
         src_counts, dst_counts = self.src.num_tiles(ndim), self.dst.num_tiles(ndim)

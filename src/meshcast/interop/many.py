@@ -87,7 +87,8 @@ def reshard_many(
 
     The operations of all plans are cut into buckets so that no rank stages (packs or unpacks)
     more than ``bucket_bytes`` at once (:func:`meshcast.interop.plans.build_schedule`); within a
-    bucket each pair of ranks exchanges one packed message per phase. Inputs are checked on every
+    bucket each pair of ranks exchanges one packed message per phase. Every plan is checked
+    first (:meth:`meshcast.Plan.check`, once per plan object). Inputs are checked on every
     rank and the plan ranks agree on the result before any data moves: a bad input raises
     ``ValueError`` everywhere, naming the tensor (``names[k]`` when given) and the rule. Any wait
     longer than ``timeout`` seconds raises :class:`meshcast.ReshardError`.
@@ -103,6 +104,10 @@ def reshard_many(
     for k, p in enumerate(plans):
         if not isinstance(p, Plan):
             raise TypeError(f"plans[{k}] must be a meshcast.Plan, got {type(p).__name__}")
+        try:
+            p.check()  # once per plan object: every destination element delivered exactly once
+        except ValueError as e:
+            raise ValueError(f"meshcast.reshard_many: plans[{k}]: {e}") from None
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:

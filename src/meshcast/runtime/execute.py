@@ -96,6 +96,8 @@ def reshard(
     (any strides; None where the rank holds nothing). Ranks outside the plan may call it too and
     get None at once. The plan's topology decides the broadcast routes.
 
+    The plan is checked first (:meth:`meshcast.Plan.check`, once per plan object): one that does
+    not deliver every destination element exactly once raises ``ValueError`` on every rank.
     Before any data moves, the plan's ranks agree that every ``local`` fits the plan (shape,
     dtype, device); if one does not, every rank raises ``ValueError`` naming the bad ranks.
     Any wait longer than ``timeout`` seconds, or a peer that dies, raises :class:`ReshardError`
@@ -110,6 +112,7 @@ def reshard(
     """
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
+    plan.check()  # once per plan object: every destination element delivered exactly once
     for argument, value in (
         ("timeout", timeout),
         ("chunk_bytes", chunk_bytes),

@@ -1,0 +1,179 @@
+"""The plan check: a plan is run only if it delivers exactly the destination layout.
+
+:func:`check_plan` verifies, before any byte moves, that
+
+* every operation is well formed: a known kind, integer ranks, boxes as tuples of ``slice(start,
+  stop)`` inside the tensor; a ``Copy``'s rank in both meshes, senders in the source mesh,
+  receivers and all-gather members in the destination mesh; a ``Send`` between two ranks, a
+  ``Broadcast`` to distinct ranks other than its sender, an ``AllGather`` of distinct members
+  with one non-empty part each, the parts tiling its box exactly once;
+* every operation reads only what its sender holds: the box of a ``Copy``, ``Send`` or
+  ``Broadcast`` lies in the sender's source shard, and each all-gather member contributes a part
+  of its destination shard that earlier operations (in plan order) delivered to it;
+* every receiver's boxes lie in its destination shard, and together they deliver every element
+  of it exactly once.
+
+Coverage is decided exactly and in time linear in the plan: the indicator function of a box is a
+signed sum of orthant indicators at its ``2^d`` corners (``+`` at the lower corner, a sign flip
+per upper coordinate), and orthant indicators at distinct points are linearly independent. So the
+boxes delivered to a rank sum to its destination box, point by point, exactly when their signed
+corners, added up, cancel the destination box's corners: one sort of ``2^d`` corners per
+delivered box, where ``d`` counts only the dimensions some box does not span whole. Where they
+do not cancel, the smallest uncancelled corner (in lexicographic order) is an element delivered
+zero or several times; the message names it, the region around it and the operations involved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import coverage
+from .coverage import fmt_box
+from .plan import AllGather, Broadcast, Copy, Plan, Send
+from .plan_ops import BadOp, Records, read_ops
+from .task import ReshardTask
+from .topology import Topology
+
+__all__ = ["check_plan", "plan_error"]
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise ``ValueError`` naming the first missing or wrong region (rank, box, operation index)
+    if ``plan`` does not deliver its destination layout exactly (module doc). The verdict is kept
+    on the plan, so a plan is checked once however often it runs."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
+    plan.check()
+
+
+def _ranks_text(ranks: Any) -> str:
+    return str(list(ranks)) if isinstance(ranks, (tuple, list)) else repr(ranks)
+
+
+def _describe(op: Any) -> str:
+    if isinstance(op, Copy):
+        return f"copy on rank {op.rank} of {fmt_box(op.box)}"
+    if isinstance(op, Send):
+        return f"send {op.src}->{op.dst} of {fmt_box(op.box)}"
+    if isinstance(op, Broadcast):
+        return f"broadcast from {op.src} to {_ranks_text(op.dsts)} of {fmt_box(op.box)}"
+    if isinstance(op, AllGather):
+        return f"allgather among {_ranks_text(op.group)} of {fmt_box(op.box)}"
+    return type(op).__name__
+
+
+def plan_error(plan: Plan) -> str | None:
+    """Why ``plan`` must not run (module doc), or None if it is sound."""
+    task = plan.task
+    if not isinstance(task, ReshardTask):
+        return f"plan.task must be a meshcast.ReshardTask, got {type(task).__name__}"
+    if not isinstance(plan.topology, Topology):
+        return f"plan.topology must be a meshcast.Topology, got {type(plan.topology).__name__}"
+    if type(plan.ops) is not tuple:
+        return f"plan.ops must be a tuple of operations, got {type(plan.ops).__name__}"
+    try:
+        plan.topology.covers(plan.ranks)
+    except ValueError as e:
+        return f"plan.topology: {e}"
+    rec = Records(task)
+    try:
+        read_ops(rec, plan.ops)
+    except BadOp as e:
+        i, op = e.args[1], plan.ops[e.args[1]]
+        return f"op {i} ({_describe(op)}): {e.args[0]}"
+    bounds = {side: _bounds(task, side) for side in ("src", "dst")}
+    return (
+        _inside(plan, rec, bounds) or _coverage(plan, rec, bounds["dst"])
+        or _contributions(plan, rec)
+    )
+
+
+def _bounds(task: ReshardTask, side: str) -> np.ndarray:
+    """Shard boxes of the source or destination mesh, one row (starts, stops) per position."""
+    layout = task.src if side == "src" else task.dst
+    d = len(task.shape)
+    tiles = layout.tile_of_positions(d)
+    rows = np.zeros((layout.mesh.size, 2 * d), dtype=np.int64)
+    for j, (starts, stops) in enumerate(layout.tile_bounds(task.shape)):
+        rows[:, j], rows[:, d + j] = starts[tiles[:, j]], stops[tiles[:, j]]
+    return rows
+
+
+def _inside(plan: Plan, rec: Records, bounds: dict[str, np.ndarray]) -> str | None:
+    """Reads inside the sender's source shard, deliveries and contributions inside the
+    receiver's destination shard: the first operation breaking this, or None."""
+    task, d = plan.task, len(plan.task.shape)
+    found: list[tuple[int, str]] = []
+    for kind, side, verb in (
+        ("src", "src", "reads {box}, but rank {r} holds {shard} of the source layout"),
+        ("dst", "dst", "delivers {box} to rank {r}, whose destination shard is {shard}"),
+        ("own", "dst", "has rank {r} contribute {box}, but its destination shard is {shard}"),
+    ):
+        ops, pos, boxes = rec.rows[kind]
+        shard = bounds[side][pos]
+        bad = ((boxes[:, :d] < shard[:, :d]) | (boxes[:, d:] > shard[:, d:])).any(axis=1)
+        if bad.any():
+            k = int(np.argmax(bad))
+            mesh = task.src.mesh if side == "src" else task.dst.mesh
+            found.append((int(ops[k]), verb.format(
+                box=coverage.fmt_flat(boxes[k]), r=mesh.devices[int(pos[k])],
+                shard=coverage.fmt_flat(shard[k]),
+            )))
+    if not found:
+        return None
+    i, why = min(found)
+    return f"op {i} ({_describe(plan.ops[i])}) {why}"
+
+
+def _coverage(plan: Plan, rec: Records, shards: np.ndarray) -> str | None:
+    """Every destination shard delivered exactly once: None, or the first wrong region."""
+    task = plan.task
+    ops, pos, boxes = rec.rows["dst"]
+    wrong = coverage.exact_cover(task.shape, pos, boxes, shards)
+    if not wrong:
+        return None
+    ranks = task.dst.mesh.devices
+    findings = [coverage.locate(p, element, ops, pos, boxes, shards[p]) for p, element in wrong]
+    doubles = [f for f in findings if f.later is not None]
+    f = min(doubles, key=lambda f: f.later) if doubles else findings[0]
+    r = ranks[f.position]
+    more = f" ({len(wrong)} destination ranks are wrong in all)" if len(wrong) > 1 else ""
+    if f.later is None:
+        return (
+            f"rank {r} never receives {coverage.fmt_flat(f.region)} of its destination shard "
+            f"{coverage.fmt_flat(shards[f.position])}: no operation delivers element "
+            f"{f.element}{more}"
+        )
+    return (
+        f"op {f.later} ({_describe(plan.ops[f.later])}) delivers {coverage.fmt_flat(f.region)} "
+        f"to rank {r} a second time (op {f.earlier} delivered it before){more}"
+    )
+
+
+def _contributions(plan: Plan, rec: Records) -> str | None:
+    """Each all-gather member's part delivered to it by earlier operations: None, or the first
+    contribution that is not (coverage is exact by now, so no other delivery overlaps it)."""
+    own_ops, own_pos, own = rec.rows["own"]
+    if not len(own_ops):
+        return None
+    ops, pos, boxes = rec.rows["dst"]
+    first = coverage.first_matching(own_pos, own, pos, boxes, ops)
+    late = np.flatnonzero(first >= own_ops)
+    bad: dict[int, tuple[int, int]] = {}
+    for k in late.tolist():
+        j = coverage.first_overlap_from(own_pos[k], own[k], pos, boxes, ops, int(own_ops[k]))
+        if j is not None:
+            bad.setdefault(int(own_ops[k]), (k, j))
+    if not bad:
+        return None
+    i = min(bad)
+    k, j = bad[i]
+    r = plan.task.dst.mesh.devices[int(own_pos[k])]
+    return (
+        f"op {i} ({_describe(plan.ops[i])}) has rank {r} contribute part "
+        f"{coverage.fmt_flat(own[k])} before it holds it: op {int(ops[j])} delivers "
+        f"{coverage.fmt_flat(coverage.intersect(own[k], boxes[j]))} of it later"
+    )
+
