@@ -99,10 +99,9 @@ def _check_reports(reports: list[dict], hosts_from: str) -> None:
 def test_torchrun_on_two_emulated_hosts_plans_with_the_real_hosts(cluster, tmp_path) -> None:
     import json
 
-    log = open(tmp_path / "torchrun.log", "w")
-    codes = run_torchrun(cluster, 2, [os.path.join(HERE, "topology_job.py"), str(tmp_path)],
-                         timeout=240, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
+    with open(tmp_path / "torchrun.log", "w") as log:
+        codes = run_torchrun(cluster, 2, [os.path.join(HERE, "topology_job.py"), str(tmp_path)],
+                             timeout=240, stdout=log, stderr=subprocess.STDOUT)
     text = (tmp_path / "torchrun.log").read_text()
     assert codes == [0, 0], text[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
@@ -151,3 +150,22 @@ def test_a_failing_node_is_reported_and_nothing_is_left(cluster, tmp_path) -> No
                           cluster.name, "--nproc-per-node", "0", "--", str(script)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--nproc-per-node must be at least 1" in bad.stderr
+
+
+@needs_netns
+@pytest.mark.timeout(300)
+def test_nodes_started_one_by_one_with_the_same_port(cluster) -> None:
+    from meshcast.cluster import free_port
+
+    port = free_port(cluster, 0)
+    procs = [subprocess.Popen([MESHCAST, "cluster", "torchrun", "--name", cluster.name,
+                               "--nproc-per-node", "2", "--port", str(port), "--node", str(h),
+                               "--timeout", "200", "--", os.path.join(HERE, "cluster_job.py")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for h in (1, 0)]
+    outs = [p.communicate(timeout=260) for p in procs]
+    for (h, p), (out, err) in zip(zip((1, 0), procs), outs):
+        assert p.returncode == 0, err[-3000:]
+        assert f"meshcast cluster torchrun: host {h} exit 0" in err
+        assert sorted(re.findall(r"OK rank (\d+)", out)) == [str(2 * h), str(2 * h + 1)]
+    assert not any(cluster.pids().values())
