@@ -4,6 +4,7 @@ The planning core (meshes, layouts, tasks, plans, :func:`execute_local`) needs n
 runtime that moves data over ``torch.distributed`` imports torch when first used.
 """
 
+from .job import job_topology
 from .layout import Box, Layout, Placement, Replicate, Shard
 from .local import execute_local, gather, scatter
 from .lower_bound import LowerBound, lower_bound, lower_bound_details
@@ -38,6 +39,7 @@ __all__ = [
     "check_plan",
     "execute_local",
     "gather",
+    "job_topology",
     "lower_bound",
     "lower_bound_details",
     "plan",

@@ -55,8 +55,10 @@ def plan(
 ) -> Plan:
     """Plan ``task``: decompose it into unit slices and choose, for each, how it moves.
 
-    ``topology`` says which ranks share a host and how fast they talk; without one, the last axis
-    of each mesh is taken to span one host (the paper's (hosts, devices) convention) with default
+    ``topology`` says which ranks share a host and how fast they talk; without one, inside a job
+    the job's real hosts are read from its environment (:func:`meshcast.job_topology`: torchrun,
+    ``meshcast.launch``; same on every rank, no collective), and outside a job the last axis of
+    each mesh is taken to span one host (the paper's (hosts, devices) convention), with default
     bandwidths. ``strategy`` is one of :data:`STRATEGIES`, ``balance`` one of :data:`BALANCES`.
     With neither given, ``balance="auto"`` chooses per slice among the strategies and is never
     slower in :func:`meshcast.simulate` than any fixed strategy x balance (above

@@ -37,6 +37,16 @@ def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> 
     return tuple(float(v) for v in values)
 
 
+def _check_job_covers(topology: Topology, meshes: Sequence[Mesh]) -> None:
+    outside = sorted({r for m in meshes for r in m.devices} - set(topology.ranks))
+    if outside:
+        raise ValueError(
+            f"topology=None: the meshes use ranks {outside[:8]} outside this job, whose "
+            f"{len(topology.ranks)} ranks meshcast placed on hosts from the job's environment; "
+            f"pass topology= to plan for other ranks"
+        )
+
+
 @dataclass(frozen=True)
 class Topology:
     """Hosts of ranks plus link speeds.
@@ -167,9 +177,16 @@ class Topology:
 
     @classmethod
     def resolve(cls, topology: Topology | None, *meshes: Mesh) -> Topology:
-        """``topology``, or the paper's convention (:meth:`from_meshes`) when it is None; checked
-        to place every rank of ``meshes``."""
+        """``topology``; when it is None, the running job's hosts read from its environment
+        (:func:`meshcast.job_topology`: torchrun, ``meshcast.launch``), else, outside a job, the
+        paper's convention (:meth:`from_meshes`). Checked to place every rank of ``meshes``."""
         if topology is None:
+            from .job import job_topology
+
+            topology = job_topology()
+            if topology is not None:
+                _check_job_covers(topology, meshes)
+                return topology
             topology = cls.from_meshes(*meshes)
         elif not isinstance(topology, Topology):
             raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")

@@ -3,6 +3,7 @@
     meshcast cluster up --hosts 2 [--nic-gbit 1] [--latency-ms 0.1] [--name mc]
     meshcast cluster status
     meshcast cluster exec --host 1 -- python worker.py   # run inside host 1's namespace
+    meshcast cluster torchrun --nproc-per-node 2 -- train.py   # torchrun on every host
     meshcast cluster down [--name mc | --all]
 
 Needs root. See docs/cluster.md.
@@ -61,13 +62,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="kill it after this many seconds")
     ex.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
 
+    tr = sub.add_parser("torchrun", help="run torchrun on every host (one node per host)")
+    name_arg(tr)
+    tr.add_argument("--nproc-per-node", type=int, default=1,
+                    help="ranks per host (torchrun's --nproc-per-node; default 1)")
+    tr.add_argument("--port", type=int, default=None,
+                    help="rendezvous port on host 0 (default: a free one; give it with --node)")
+    tr.add_argument("--node", type=int, action="append", default=None,
+                    help="start only this host's node (repeatable; default: every host)")
+    tr.add_argument("--timeout", type=float, default=None,
+                    help="stop every node after this many seconds (default: no limit)")
+    tr.add_argument("argv", nargs=argparse.REMAINDER,
+                    help="-- then the script and its arguments (or -m module ...)")
+
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the sub-action; :class:`ClusterError` becomes exit status 1."""
     from ..cluster import ClusterError
 
     try:
-        return {"up": _up, "down": _down, "status": _status, "exec": _exec}[args.action](args)
+        actions = {"up": _up, "down": _down, "status": _status, "exec": _exec,
+                   "torchrun": _torchrun}
+        return actions[args.action](args)
     except ClusterError as exc:
         print(f"meshcast cluster: error: {exc}", file=sys.stderr)
         return 1
@@ -156,3 +172,47 @@ def _exec(args: argparse.Namespace) -> int:
         proc.terminate()
         proc.wait(timeout=10)
         return 130
+
+
+def _torchrun(args: argparse.Namespace) -> int:
+    from ..cluster import Cluster, ClusterError, start_torchrun, wait_torchrun
+
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        print("meshcast cluster torchrun: error: give the script after --, e.g. "
+              "meshcast cluster torchrun --nproc-per-node 2 -- train.py", file=sys.stderr)
+        return 2
+    if args.nproc_per_node < 1:
+        print(f"meshcast cluster torchrun: error: --nproc-per-node must be at least 1, got "
+              f"{args.nproc_per_node}", file=sys.stderr)
+        return 2
+    if args.timeout is not None and not args.timeout > 0:
+        print(f"meshcast cluster torchrun: error: --timeout must be positive, got {args.timeout}",
+              file=sys.stderr)
+        return 2
+    if args.port is not None and not 0 < args.port < 65536:
+        print(f"meshcast cluster torchrun: error: --port must be in 1..65535, got {args.port}",
+              file=sys.stderr)
+        return 2
+    if args.node is not None and args.port is None:
+        print("meshcast cluster torchrun: error: --node needs --port (the same on every node)",
+              file=sys.stderr)
+        return 2
+    cluster = Cluster.detect(args.name)
+    if cluster is None:
+        raise ClusterError(f"no cluster {args.name!r}; run `meshcast cluster up` first")
+    for h in args.node or ():
+        if not 0 <= h < cluster.num_hosts:
+            print(f"meshcast cluster torchrun: error: --node must be in 0..{cluster.num_hosts - 1}"
+                  f", got {h}", file=sys.stderr)
+            return 2
+    procs = start_torchrun(cluster, args.nproc_per_node, argv, port=args.port, hosts=args.node)
+    try:
+        codes = wait_torchrun(procs, float("inf") if args.timeout is None else args.timeout)
+    except KeyboardInterrupt:
+        codes = wait_torchrun(procs, 0.0)
+    hosts = args.node or list(range(cluster.num_hosts))
+    print("meshcast cluster torchrun: " + ", ".join(
+        f"host {h} exit {c}" + (" (stopped)" if c < 0 else "") for h, c in zip(hosts, codes)),
+        file=sys.stderr)
+    return next((c if c > 0 else 1 for c in codes if c != 0), 0)

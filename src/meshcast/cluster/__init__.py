@@ -3,12 +3,13 @@
 One network namespace per emulated host, joined by a bridge in a namespace of its own, each host's
 link shaped with ``tc`` in both directions; processes of a host run inside its namespace::
 
-    from meshcast.cluster import Cluster, available, spawn_in_host
+    from meshcast.cluster import Cluster, available, run_torchrun, spawn_in_host
 
     ok, reason = available()
     with Cluster.up(2, nic_gbit=1.0) as cluster:
         p = spawn_in_host(cluster, 1, ["python", "worker.py"], env)   # rank on host 1
         topo = cluster.topology(devices_per_host=2)                    # a meshcast.Topology
+        codes = run_torchrun(cluster, 2, ["train.py"], timeout=300)    # torchrun on every host
 
 Needs root and iproute2; free of torch. See docs/cluster.md.
 """
@@ -30,6 +31,13 @@ from .cluster import (
     nic_tx_bytes,
 )
 from .spawn import free_port, rank_env, spawn_in_host, start_job, wait_job
+from .torchrun import (
+    run_torchrun,
+    start_torchrun,
+    torchrun_command,
+    torchrun_executable,
+    wait_torchrun,
+)
 
 __all__ = [
     "DEFAULT_NAME",
@@ -49,7 +57,12 @@ __all__ = [
     "netem_available",
     "nic_tx_bytes",
     "rank_env",
+    "run_torchrun",
     "spawn_in_host",
     "start_job",
+    "start_torchrun",
+    "torchrun_command",
+    "torchrun_executable",
     "wait_job",
+    "wait_torchrun",
 ]

@@ -65,7 +65,9 @@ def rank_env(
     rank: int, world_size: int, local_rank: int, local_world_size: int, master_port: int,
     host: int,
 ) -> dict[str, str]:
-    """The standard ``torch.distributed`` env:// variables of one rank (torchrun's names)."""
+    """The standard ``torch.distributed`` env:// variables of one rank (torchrun's names; add
+    ``GROUP_WORLD_SIZE`` when every host runs ``local_world_size`` ranks, as :func:`start_job`
+    does, so that :func:`meshcast.job_topology` reads the hosts)."""
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
@@ -99,7 +101,8 @@ def start_job(
     **popen_kwargs: Any,
 ) -> list[subprocess.Popen]:
     """Start ``ranks_per_host`` copies of ``argv`` in every host; rank ``r`` runs on host
-    ``r // ranks_per_host``. Each gets :func:`rank_env` plus :meth:`Cluster.host_env`.
+    ``r // ranks_per_host``. Each gets :func:`rank_env`, ``GROUP_WORLD_SIZE`` (the number of
+    hosts, as torchrun sets it) and :meth:`Cluster.host_env`.
 
     Returns the Popens in rank order. If a start fails, those already started are killed.
     """
@@ -112,7 +115,8 @@ def start_job(
     try:
         for rank in range(world):
             host, local = divmod(rank, ranks_per_host)
-            child_env = {**base, **rank_env(rank, world, local, ranks_per_host, port, host)}
+            child_env = {**base, **rank_env(rank, world, local, ranks_per_host, port, host),
+                         "GROUP_WORLD_SIZE": str(cluster.num_hosts)}
             procs.append(spawn_in_host(cluster, host, argv, child_env, **popen_kwargs))
     except BaseException:
         for p in procs:

@@ -11,26 +11,26 @@ supported yet"); :func:`reshard_dtensor` does exactly that, with meshcast's plan
   placements must be ``Shard`` or ``Replicate``.
 * Uneven sizes follow DTensor's chunking exactly (``Layout`` boxes equal DTensor's local shapes
   and offsets).
+* The whole spec is read (:mod:`.dtensor_spec`): shard order, ``_StridedShard`` (refused unless
+  ``split_factor=1``), sub-meshes (read on the root mesh, the same on every rank).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate
 
+from ..job import job_topology
 from ..layout import Layout
-from ..layout import Replicate as McReplicate
-from ..layout import Shard as McShard
-from ..mesh import Mesh
 from ..plan import Plan
 from ..task import ReshardTask
 from ..topology import Topology
+from .dtensor_spec import layout_from_spec, placement_kind
 from .plans import plan_many
 
 __all__ = [
@@ -42,67 +42,39 @@ __all__ = [
 ]
 
 
-def _placement_kind(p: Any) -> str:
-    name = type(p).__name__
-    if name == "_StridedShard":
-        return "strided"
-    if isinstance(p, Shard):
-        return "shard"
-    if isinstance(p, Replicate):
-        return "replicate"
-    if getattr(p, "is_partial", lambda: False)():
-        return "partial"
-    return "other"
-
-
 def layout_from_placements(
     device_mesh: DeviceMesh, placements: Sequence[Any], ndim: int, *, argument: str = "placements"
 ) -> Layout:
     """The meshcast :class:`~meshcast.Layout` of ``placements`` on ``device_mesh``, for a tensor
-    of ``ndim`` dimensions. Only ``Shard`` and ``Replicate`` are accepted."""
-    if not isinstance(device_mesh, DeviceMesh):
-        raise TypeError(f"device_mesh must be a torch DeviceMesh, got {type(device_mesh).__name__}")
-    placements = tuple(placements)
-    if len(placements) != device_mesh.ndim:
-        raise ValueError(
-            f"{argument} has {len(placements)} entries but the device mesh has {device_mesh.ndim} "
-            f"dimensions: give one placement per mesh dimension"
-        )
-    ours: list[McShard | McReplicate] = []
-    for i, p in enumerate(placements):
-        kind = _placement_kind(p)
-        if kind == "shard":
-            dim = p.dim + ndim if p.dim < 0 else p.dim
-            if not 0 <= dim < ndim:
-                raise ValueError(
-                    f"{argument}[{i}] is {p!r}, but the tensor has {ndim} dimensions"
-                )
-            ours.append(McShard(dim))
-        elif kind == "replicate":
-            ours.append(McReplicate())
-        elif kind == "partial":
-            raise ValueError(
-                f"{argument}[{i}] is {p!r}: meshcast layouts hold Shard and Replicate only; a "
-                f"Partial source is reduced by meshcast.reshard_dtensor, a Partial destination "
-                f"is not supported"
-            )
-        else:
-            raise ValueError(
-                f"{argument}[{i}] is {p!r}: only Shard and Replicate placements are supported"
-            )
-    mesh = Mesh(device_mesh.mesh.tolist())
-    return Layout(mesh, ours)
+    of ``ndim`` dimensions, in DTensor's default shard order. Only ``Shard`` and ``Replicate``
+    are accepted; a sub-mesh is read whole (:mod:`meshcast.interop.dtensor_spec`)."""
+    return layout_from_spec(device_mesh, placements, ndim, argument=argument)
+
+
+def _source_spec(dt: DTensor) -> tuple[tuple[Any, ...], Any]:
+    """``dt``'s placements with Partial read as Replicate, and its shard order (None: default).
+
+    A Partial source is reduced by ``redistribute`` to a spec in the default order (see
+    :func:`_local_source`), so its order is the default one."""
+    placements = tuple(dt.placements)
+    if any(placement_kind(p) == "partial" for p in placements):
+        return tuple(Replicate() if placement_kind(p) == "partial" else p
+                     for p in placements), None
+    return placements, getattr(dt._spec, "shard_order", None)
 
 
 def layout_from_dtensor(dt: DTensor) -> Layout:
-    """The meshcast :class:`~meshcast.Layout` of ``dt`` (its DeviceMesh and placements).
+    """The meshcast :class:`~meshcast.Layout` of ``dt``: its DeviceMesh (a sub-mesh read whole),
+    placements and shard order.
 
     Raises ``ValueError`` for ``Partial`` placements (reduce first, or use
     :func:`reshard_dtensor`, which reduces on the way) and for strided sharding.
     """
     if not isinstance(dt, DTensor):
         raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
-    return layout_from_placements(dt.device_mesh, dt.placements, dt.ndim, argument="dt.placements")
+    return layout_from_spec(dt.device_mesh, dt.placements, dt.ndim,
+                            shard_order=getattr(dt._spec, "shard_order", None),
+                            argument="dt.placements")
 
 
 def dtensor_task(dt: DTensor, device_mesh: DeviceMesh, placements: Sequence[Any]) -> ReshardTask:
@@ -110,34 +82,28 @@ def dtensor_task(dt: DTensor, device_mesh: DeviceMesh, placements: Sequence[Any]
     ``placements`` on ``device_mesh``."""
     if not isinstance(dt, DTensor):
         raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
-    src_placements = [Replicate() if _placement_kind(p) == "partial" else p for p in dt.placements]
-    src = layout_from_placements(dt.device_mesh, src_placements, dt.ndim,
-                                 argument="dt.placements")
+    src_placements, order = _source_spec(dt)
+    src = layout_from_spec(dt.device_mesh, src_placements, dt.ndim, shard_order=order,
+                           argument="dt.placements")
     dst = layout_from_placements(device_mesh, placements, dt.ndim)
     return ReshardTask(tuple(dt.shape), dt.dtype, src, dst)
 
 
 def resolve_topology(topology: Topology | None, tasks: Sequence[ReshardTask]) -> Topology | None:
-    """``topology`` if given; else the job's topology when it is known without a collective
-    (``$MESHCAST_TOPOLOGY`` from :func:`meshcast.launch`, or torchrun's uniform hosts); else
-    None (the planner's default: the last axis of each mesh spans one host)."""
+    """``topology`` if given; else the job's topology read from its environment without a
+    collective (:func:`meshcast.job_topology`); else None (the planner's default, which reads
+    the same environment)."""
     if topology is not None:
         return topology
-    from ..runtime.detect import TOPOLOGY_ENV, _uniform_torchrun, detect_topology
-
-    if not dist.is_initialized():
-        return None
-    if os.environ.get(TOPOLOGY_ENV) or _uniform_torchrun(dist.get_world_size()):
-        return detect_topology()
-    return None
+    return job_topology()
 
 
 def _local_source(dt: DTensor, me: int) -> torch.Tensor | None:
     """This rank's source shard, with Partial mesh axes reduced; None off the source mesh."""
     if dt.device_mesh.get_coordinate() is None:
         return None
-    if any(_placement_kind(p) == "partial" for p in dt.placements):
-        target = [Replicate() if _placement_kind(p) == "partial" else p for p in dt.placements]
+    if any(placement_kind(p) == "partial" for p in dt.placements):
+        target = [Replicate() if placement_kind(p) == "partial" else p for p in dt.placements]
         dt = dt.redistribute(dt.device_mesh, target)
     return dt.to_local()
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ..layout import Box, box_shape
 from ..plan import Plan
+from ..runtime.detect import real_host_map
 from ..runtime.execute import DEFAULT_TIMEOUT, _fingerprint, _torch_dtype, agree_inputs
 from ..runtime.p2p import Transport
 from .plans import DEFAULT_BUCKET_BYTES, Segment, build_schedule
@@ -159,6 +160,7 @@ def reshard_many(
     for p in plans:
         for r, h in p.topology._host_of.items():
             host_of.setdefault(r, h)
+    host_of = real_host_map(ranks, host_of)  # the byte counters count by the real hosts
     transport = Transport(
         dist.group.WORLD, me, lambda r: r, host_of, timeout, caller="meshcast.reshard_many"
     )

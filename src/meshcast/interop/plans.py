@@ -57,13 +57,14 @@ _GBIT = 1e9 / 8
 
 # -- joint planning ---------------------------------------------------------------------------
 def default_topology(tasks: Sequence[ReshardTask]) -> Topology:
-    """The planner's convention for many tasks: the last axis of each mesh spans one host."""
+    """The planner's default for many tasks: the job's hosts (:func:`meshcast.job_topology`),
+    else the convention that the last axis of each mesh spans one host."""
     meshes = []
     for t in tasks:
         for m in (t.src.mesh, t.dst.mesh):
             if m not in meshes:
                 meshes.append(m)
-    return Topology.from_meshes(*meshes)
+    return Topology.resolve(None, *meshes)
 
 
 def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str) -> list[Plan]:

@@ -1,54 +1,79 @@
-"""Which host each rank sits on, read from the launcher (or gathered once) as a Topology."""
+"""Which host each rank sits on: read from the launcher's environment, or gathered once."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
+from collections.abc import Callable, Iterable, Mapping
 
 import torch.distributed as dist
 
+from ..job import TOPOLOGY_ENV, read_job_hosts, with_link_rates
 from ..topology import Topology
+from .stats import set_hosts_source
 
-__all__ = ["TOPOLOGY_ENV", "detect_topology"]
-
-TOPOLOGY_ENV = "MESHCAST_TOPOLOGY"
-"""Environment variable holding a topology as JSON (``Topology.to_json``); set by
-:func:`meshcast.launch` for emulated hosts."""
+__all__ = ["TOPOLOGY_ENV", "detect_topology", "real_host_map"]
 
 _cache: dict[object, Topology] = {}
 
 
-def detect_topology(group: dist.ProcessGroup | None = None) -> Topology:
-    """The topology of the running job, in global ranks; computed once per default group.
+def detect_topology(
+    group: dist.ProcessGroup | None = None,
+    *,
+    nic_gbps: float | None = None,
+    intra_gbps: float | None = None,
+    nics_per_host: int | None = None,
+) -> Topology:
+    """The topology of the running job, in global ranks; computed once per set of arguments.
 
-    In order: ``$MESHCAST_TOPOLOGY`` (JSON, set by :func:`meshcast.launch`); torchrun's
-    ``LOCAL_WORLD_SIZE`` when every host runs the same number of ranks; otherwise each rank's
-    ``$MESHCAST_HOST`` label (emulated clusters) or hostname, gathered once with
-    ``all_gather_object`` (a collective: every rank must call).
+    In order: what the job's environment says (:func:`meshcast.job_topology`:
+    ``$MESHCAST_TOPOLOGY`` from :func:`meshcast.launch`, torchrun's ``LOCAL_WORLD_SIZE`` x
+    ``GROUP_WORLD_SIZE`` when every node runs the same number of ranks, one host when
+    ``LOCAL_WORLD_SIZE == WORLD_SIZE``); otherwise each rank's ``$MESHCAST_HOST`` label
+    (emulated clusters) or hostname, gathered once with ``all_gather_object`` on the default
+    group (a collective: then every rank must call). ``group`` is accepted for compatibility and
+    ignored: ranks are always global.
+
+    Link rates: ``nic_gbps`` (per NIC and direction), ``intra_gbps`` and ``nics_per_host``; when
+    not given, ``$MESHCAST_NIC_GBPS``, ``$MESHCAST_INTRA_GBPS``, ``$MESHCAST_NICS_PER_HOST``;
+    else 10 Gbit/s NICs, one per host, and 800 Gbit/s inside a host.
     """
-    key = dist.group.WORLD
+    rates = {"nic_gbps": nic_gbps, "intra_gbps": intra_gbps, "nics_per_host": nics_per_host}
+    key = (dist.group.WORLD, nic_gbps, intra_gbps, nics_per_host)
     if key in _cache:
         return _cache[key]
     world = dist.get_world_size()
-    text = os.environ.get(TOPOLOGY_ENV)
-    if text:
-        topology = Topology.from_json(json.loads(text))
-    elif _uniform_torchrun(world):
-        per_host = int(os.environ["LOCAL_WORLD_SIZE"])
-        topology = Topology.uniform(world // per_host, per_host)
-    else:
+    found = read_job_hosts(**rates)
+    topology = found.topology
+    if topology is None:
         names: list[str | None] = [None] * world
         dist.all_gather_object(names, os.environ.get("MESHCAST_HOST") or socket.gethostname())
-        topology = Topology.from_host_map(dict(enumerate(names)))
+        hosts = Topology.from_host_map(dict(enumerate(names)), name="detected host names")
+        topology = with_link_rates(hosts, **rates)
     topology.covers(range(world))
     _cache[key] = topology
     return topology
 
 
-def _uniform_torchrun(world: int) -> bool:
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    nodes = os.environ.get("GROUP_WORLD_SIZE")  # torchrun: number of nodes
-    if not (local and nodes and local.isdigit() and nodes.isdigit()):
-        return False
-    return int(local) * int(nodes) == world
+def real_host_map(
+    ranks: Iterable[int], fallback: Mapping[int, int], to_global: Callable[[int], int] = int
+) -> dict[int, int]:
+    """``{plan rank: host}`` for the byte counters: the real hosts (the job's environment, else
+    a topology :func:`detect_topology` already gathered), else ``fallback`` (the plan's
+    topology). :attr:`TransferStats.hosts_from` says which was used."""
+    ranks = list(ranks)
+    found = read_job_hosts()
+    real = found.topology
+    source = found.source
+    if real is None:
+        world = dist.group.WORLD
+        real = next((t for k, t in _cache.items() if k[0] is world), None)
+        source = "meshcast.detect_topology()"
+    if real is not None and all(to_global(r) in real._host_of for r in ranks):
+        set_hosts_source(source)
+        return {r: real.host_of(to_global(r)) for r in ranks}
+    set_hosts_source(
+        "the plan's topology (the real hosts are unknown: " + (found.problem or
+        "the job's topology does not hold these ranks") + ")"
+    )
+    return {r: fallback[r] for r in ranks if r in fallback}

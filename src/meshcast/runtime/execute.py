@@ -13,6 +13,7 @@ from ..layout import Box, box_shape, box_size
 from ..plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
 from .broadcast import chain_role, relay
 from .chunks import boxes_overlap, chunk_boxes, relative
+from .detect import real_host_map
 from .errors import ReshardError
 from .p2p import Budget, Pending, Reaper, Transport
 
@@ -148,7 +149,8 @@ def reshard(
 
     # Agree on validity before any data moves: every rank's error flag, gathered and shared.
     p2p_group = group if group is not None else dist.group.WORLD
-    transport = Transport(p2p_group, me, to_global, plan.topology._host_of, timeout)
+    hosts = real_host_map(ranks, plan.topology._host_of, to_global)  # counters: real hosts
+    transport = Transport(p2p_group, me, to_global, hosts, timeout)
     agree_inputs(transport, ranks, error, _fingerprint(plan), dev, "meshcast.reshard")
 
     dst_box = task.dst_box(me)

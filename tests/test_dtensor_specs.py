@@ -1,0 +1,243 @@
+"""DTensor specs read whole (issue 11, point 2): shard order, _StridedShard, sub-meshes.
+
+Real gloo processes (``meshcast.launch``). Sources with a non-default ``DTensorSpec.shard_order``
+are made by DTensor itself (``redistribute_local_tensor`` from a replica to the ordered spec) and
+checked to be self-consistent (``full_tensor()``). On every rank: meshcast's reading of the
+source holds exactly DTensor's ``to_local()``, and every destination shard of
+``reshard_dtensor`` equals DTensor's own ``distribute_tensor(glob, dst, placements).to_local()``
+byte for byte, with ``full_tensor()`` equal to the global tensor (on meshes of ascending ranks:
+on others DTensor's own ``full_tensor()`` is wrong in torch 2.13). Strided sharding is refused on
+every rank before anything moves. Sub-meshes (``init_device_mesh(...)["tp"]``, flattened dims)
+are read identically on every rank, as source and as destination, uneven sizes included.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import meshcast as mc
+
+pytest.importorskip("torch.distributed.tensor")
+
+
+def _bytes(t) -> bytes:
+    import torch
+
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _ascending(device_mesh) -> bool:
+    """Whether the mesh's ranks ascend: elsewhere DTensor's own ``full_tensor()`` is wrong in
+    torch 2.13 (its all-gather puts the pieces of a mesh like [3, 1, 0, 2] in rank order)."""
+    ranks = device_mesh.mesh.reshape(-1).tolist()
+    return ranks == sorted(ranks)
+
+
+def _ordered(glob, mesh, placements, order):
+    """A DTensor of ``glob`` with ``placements`` in shard ``order`` ({tensor dim: mesh dims}),
+    its local shards computed by DTensor's own redistribution."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, ShardOrderEntry, TensorMeta
+    from torch.distributed.tensor._redistribute import redistribute_local_tensor
+
+    rep = distribute_tensor(glob, mesh, [Replicate()] * mesh.ndim, src_data_rank=None)
+    meta = TensorMeta(glob.shape, glob.stride(), glob.dtype)
+    entries = tuple(ShardOrderEntry(d, tuple(m)) for d, m in sorted(order.items()))
+    spec = DTensorSpec(mesh, tuple(placements), tensor_meta=meta, shard_order=entries)
+    local = redistribute_local_tensor(rep.to_local(), rep._spec, spec)
+    return DTensor(local, spec, requires_grad=False)
+
+
+class _Checker:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.failures: list[str] = []
+
+    def source(self, dt, glob, what: str) -> None:
+        """meshcast's reading of ``dt`` holds exactly DTensor's local shard on this rank."""
+        if dt.device_mesh.get_coordinate() is None:
+            return
+        if _ascending(dt.device_mesh) and _bytes(dt.full_tensor()) != _bytes(glob):
+            self.failures.append(f"{what}: DTensor's own full_tensor() is not the tensor")
+        box = mc.Layout.from_dtensor(dt).box(self.rank, tuple(glob.shape))
+        if box is None or _bytes(glob[box]) != _bytes(dt.to_local()):
+            self.failures.append(f"{what}: rank {self.rank}: meshcast reads box {box}, which "
+                                 f"is not DTensor's to_local()")
+
+    def result(self, res, glob, dst, placements, what: str) -> None:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        # DTensor's own shards, cut on each rank (its scatter from rank 0 mis-sends on a mesh whose
+        # ranks are not ascending: [3, 1, 0, 2] gives rank 3 zeros in torch 2.13)
+        want = distribute_tensor(glob, dst, placements, src_data_rank=None)
+        if dst.get_coordinate() is None:
+            if res is not None:
+                self.failures.append(f"{what}: rank {self.rank} is outside dst, got {res!r}")
+            return
+        if not isinstance(res, DTensor):
+            self.failures.append(f"{what}: rank {self.rank} got {type(res).__name__}")
+            return
+        local = res.to_local()
+        if local.shape != want.to_local().shape or _bytes(local) != _bytes(want.to_local()):
+            self.failures.append(f"{what}: rank {self.rank}: local shard differs from DTensor's")
+        if _ascending(dst) and _bytes(res.full_tensor()) != _bytes(glob):
+            self.failures.append(f"{what}: rank {self.rank}: full_tensor() differs")
+
+    def refused(self, fn, needles: tuple[str, ...], what: str) -> None:
+        try:
+            fn()
+        except ValueError as exc:
+            if not all(n in str(exc) for n in needles):
+                self.failures.append(f"{what}: unclear error {exc}")
+        else:
+            self.failures.append(f"{what}: no error on rank {self.rank}")
+
+
+def _shard_order_job(rank: int) -> list[str]:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    check = _Checker(rank)
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    dsts = [
+        (mesh, [Shard(0), Replicate()]),
+        (DeviceMesh("cpu", [0, 1, 2, 3]), [Shard(0)]),
+        (DeviceMesh("cpu", [3, 1, 0, 2]), [Shard(1)]),
+        (DeviceMesh("cpu", [[1, 0], [3, 2]]), [Shard(0), Shard(0)]),
+        (DeviceMesh("cpu", [2, 3]), [Replicate()]),
+    ]
+    cases = [
+        ((5, 3), [Shard(0), Shard(0)], {0: (1, 0)}),
+        ((7, 4), [Shard(0), Shard(0)], {0: (1, 0)}),
+        ((3, 5), [Shard(1), Shard(1)], {1: (1, 0)}),
+        ((2, 11), [Shard(1), Shard(1)], {1: (1, 0)}),
+        ((6, 5), [Shard(0), Shard(0)], {0: (0, 1)}),  # the default order, given explicitly
+        ((5, 6), [Shard(1), Shard(0)], {0: (1,), 1: (0,)}),
+    ]
+    for k, (shape, placements, order) in enumerate(cases):
+        glob = (torch.arange(shape[0] * shape[1], dtype=torch.int32).reshape(shape) * 7 + k)
+        dt = _ordered(glob, mesh, placements, order)
+        what = f"{shape} {placements} order {order}"
+        check.source(dt, glob, what)
+        if order == {0: (1, 0)} and str(mc.Layout.from_dtensor(dt)) != \
+                "Layout(Mesh.from_range(0, (2, 2)), 'S10R')":
+            check.failures.append(f"{what}: read as {mc.Layout.from_dtensor(dt)!r}")
+        for j, (dst, dp) in enumerate(dsts):
+            res = mc.reshard_dtensor(dt, dst, dp, timeout=60,
+                                     **({} if j % 2 else {"strategy": "send_recv"}))
+            check.result(res, glob, dst, dp, f"{what} -> {dst.mesh.tolist()} {dp}")
+
+    glob = torch.arange(35, dtype=torch.float32).reshape(7, 5)
+    plain = distribute_tensor(glob, mesh, [Shard(0), Shard(1)], src_data_rank=None)
+    strided = DTensor.from_local(plain.to_local(), mesh, [_StridedShard(0, split_factor=2),
+                                                          Shard(0)],
+                                 run_check=False, shape=glob.shape, stride=glob.stride())
+    check.refused(lambda: mc.reshard_dtensor(strided, dsts[1][0], [Shard(0)], timeout=30),
+                  ("dt.placements[0]", "_StridedShard", "split_factor 2", "not supported"),
+                  "_StridedShard(sf=2)")
+    check.refused(lambda: mc.Layout.from_dtensor(strided), ("_StridedShard",), "from_dtensor")
+    one = DTensor.from_local(plain.to_local(), mesh, [_StridedShard(0, split_factor=1),
+                                                      Shard(1)],
+                             run_check=False, shape=glob.shape, stride=glob.stride())
+    check.source(one, glob, "_StridedShard(sf=1)")
+    res = mc.reshard_dtensor(one, dsts[1][0], [Shard(1)], timeout=60)
+    check.result(res, glob, dsts[1][0], [Shard(1)], "_StridedShard(sf=1) -> 1-D")
+    return check.failures
+
+
+def _three_d_job(rank: int) -> list[str]:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    check = _Checker(rank)
+    mesh = DeviceMesh("cpu", torch.arange(8).reshape(2, 2, 2).tolist())
+    dsts = [(DeviceMesh("cpu", [7, 6, 5, 4, 3, 2, 1, 0]), [Shard(0)]),
+            (DeviceMesh("cpu", [[0, 1, 2, 3], [4, 5, 6, 7]]), [Replicate(), Shard(1)])]
+    for k, order in enumerate([(2, 0, 1), (1, 2, 0), (2, 1, 0), (0, 2, 1)]):
+        glob = torch.arange(11 * 3, dtype=torch.float64).reshape(11, 3) + k
+        dt = _ordered(glob, mesh, [Shard(0)] * 3, {0: order})
+        check.source(dt, glob, f"order {order}")
+        for dst, dp in dsts:
+            res = mc.reshard_dtensor(dt, dst, dp, timeout=60)
+            check.result(res, glob, dst, dp, f"order {order} -> {dp}")
+    # Partial on mesh dim 0 with dim 1 of the tensor sharded over mesh dims 2 then 1
+    glob = torch.arange(5 * 9, dtype=torch.int64).reshape(5, 9)
+    ordered = _ordered(glob, mesh, [Replicate(), Shard(1), Shard(1)], {1: (2, 1)})
+    coord = mesh.get_coordinate()
+    spec = type(ordered._spec)(mesh, (Partial(), Shard(1), Shard(1)),
+                               tensor_meta=ordered._spec.tensor_meta,
+                               shard_order=ordered._spec.shard_order)
+    local = ordered.to_local() + (coord[0] if coord is not None else 0)
+    partial = DTensor(local, spec, requires_grad=False)
+    for dst, dp in dsts:
+        res = mc.reshard_dtensor(partial, dst, dp, timeout=60)
+        check.result(res, glob * 2 + 1, dst, dp, f"Partial + order (2, 1) -> {dp}")
+    return check.failures
+
+
+def _sub_mesh_job(rank: int) -> dict:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    check = _Checker(rank)
+    root = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    cube = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+    flat = cube["dp", "tp"]._flatten("dp_tp")
+    other = DeviceMesh("cpu", [[7, 6], [5, 4]])
+    glob = torch.arange(7 * 6, dtype=torch.float32).reshape(7, 6)
+    readings = {}
+    cases = [
+        (root["tp"], [Shard(0)], root["dp"], [Shard(1)]),
+        (root["tp"], [Shard(1)], root, [Shard(0), Shard(0)]),
+        (root, [Shard(1), Shard(0)], root["tp"], [Shard(0)]),
+        (root["dp"], [Shard(0)], root["tp"], [Replicate()]),
+        (cube["dp", "tp"], [Shard(0), Shard(1)], cube["pp"], [Shard(0)]),
+        (flat, [Shard(0)], cube["tp"], [Shard(1)]),
+        (cube["tp"], [Shard(0)], flat, [Shard(0)]),
+        (root["tp"], [Shard(0)], other, [Shard(1), Shard(0)]),
+        (other, [Replicate(), Shard(0)], cube["dp"], [Shard(0)]),
+    ]
+    for k, (src, sp, dst, dp) in enumerate(cases):
+        dt = distribute_tensor(glob + k, src, sp, src_data_rank=None)  # members hold the same
+        what = f"case {k}: {src.mesh_dim_names}{sp} -> {dst.mesh_dim_names}{dp}"
+        readings[k] = repr(mc.Layout.from_dtensor(dt))
+        check.source(dt, glob + k, what)
+        res = mc.reshard_dtensor(dt, dst, dp, timeout=60)
+        check.result(res, glob + k, dst, dp, what)
+    return {"failures": check.failures, "readings": readings}
+
+
+@pytest.mark.timeout(600)
+def test_shard_order_and_strided_shard_on_a_2x2_mesh() -> None:
+    results = mc.launch(_shard_order_job, 4, timeout=300)
+    failures = [f for r in results for f in r]
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.timeout(600)
+def test_shard_order_on_a_2x2x2_mesh_and_with_partial() -> None:
+    results = mc.launch(_three_d_job, 8, hosts=4, timeout=300)
+    failures = [f for r in results for f in r]
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.timeout(600)
+def test_sub_meshes_are_read_whole_on_every_rank() -> None:
+    results = mc.launch(_sub_mesh_job, 8, hosts=2, timeout=300)
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures[:20])
+    readings = [r["readings"] for r in results]
+    assert all(r == readings[0] for r in readings), "ranks read a sub-mesh differently"
+    root = mc.Mesh.from_range(0, (2, 4))
+    assert readings[0][0] == repr(mc.Layout(root, [mc.Replicate(), mc.Shard(0)]))
+    assert readings[0][3] == repr(mc.Layout(root, [mc.Shard(0), mc.Replicate()]))
+    cube = mc.Mesh.from_range(0, (2, 2, 2))
+    assert readings[0][4] == repr(mc.Layout(cube, [mc.Replicate(), mc.Shard(0), mc.Shard(1)]))
+    # a flattened dim is no root dim: the family of meshes, one per pp index, axis 0 = which
+    assert readings[0][5] == repr(mc.Layout(mc.Mesh.from_range(0, (2, 4)),
+                                            [mc.Replicate(), mc.Shard(0)]))
+    assert readings[0][6] == repr(mc.Layout(cube, [mc.Replicate(), mc.Replicate(), mc.Shard(0)]))
