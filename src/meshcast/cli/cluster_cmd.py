@@ -64,13 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     tr = sub.add_parser("torchrun", help="run torchrun on every host (one node per host)")
     name_arg(tr)
-    tr.add_argument("--nproc-per-node", type=int, default=1,
+    tr.add_argument("--nproc-per-node", type=integer(1), default=1,
                     help="ranks per host (torchrun's --nproc-per-node; default 1)")
-    tr.add_argument("--port", type=int, default=None,
+    tr.add_argument("--port", type=integer(1, 65535), default=None,
                     help="rendezvous port on host 0 (default: a free one; give it with --node)")
-    tr.add_argument("--node", type=int, action="append", default=None,
+    tr.add_argument("--node", type=integer(0, MAX_HOSTS - 1), action="append", default=None,
                     help="start only this host's node (repeatable; default: every host)")
-    tr.add_argument("--timeout", type=float, default=None,
+    tr.add_argument("--timeout", type=number(0.0), default=None,
                     help="stop every node after this many seconds (default: no limit)")
     tr.add_argument("argv", nargs=argparse.REMAINDER,
                     help="-- then the script and its arguments (or -m module ...)")
