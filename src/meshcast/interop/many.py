@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ..layout import Box
 from ..plan import Plan
 from ..runtime.agree import agree
-from ..runtime.board import Call
+from ..runtime.board import Call, next_step
 from ..runtime.execute import DEFAULT_TIMEOUT, finish_call, plan_digest, publish_refusal
 from ..runtime.p2p import Failures, PeerFault, Transport
 from ..runtime.tensors import as_carrier, check_local, empty_out, torch_dtype
@@ -152,6 +152,7 @@ def reshard_many(
             if t is not None:
                 raise ValueError(f"{label[k]} must be None on rank {me}: no plan involves this "
                                  f"rank")
+        next_step(dist.group.WORLD)
         _last = ManyStats()
         return [None] * len(plans)
 
@@ -162,12 +163,13 @@ def reshard_many(
         why = check_local(t, box, plans[k].task, me, dtypes[k], dev)
         if why is not None:
             errors.append(f"{label[k]} {why}")
-    call = Call(dist.group.WORLD, ranks, me, "meshcast.reshard_many", float(timeout))
+    digest = _plans_digest(plans, bucket_bytes)
+    call = Call(dist.group.WORLD, ranks, me, "meshcast.reshard_many", float(timeout), digest)
     error = None
     if errors:
         error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
     agree(call, {
-        "plan": _plans_digest(plans), "error": error, "options": {"bucket_bytes": bucket_bytes},
+        "plan": digest, "error": error, "options": {"bucket_bytes": bucket_bytes},
         "what": f"{len(plans)} plans, the first {plans[0].task.describe()}" if plans else
                 "no plans",
     })
@@ -185,9 +187,10 @@ def reshard_many(
     return [None if o is None else o.view(dtypes[k]) for k, o in enumerate(run.outs)]
 
 
-def _plans_digest(plans: Sequence[Plan]) -> str:
-    """A digest of the plans in order, equal on every rank that holds the same plans."""
-    h = hashlib.sha1()
+def _plans_digest(plans: Sequence[Plan], bucket_bytes: int) -> str:
+    """A digest of the plans in order and the bucket size (it decides the messages), equal on
+    every rank that holds the same plans."""
+    h = hashlib.sha1(str(bucket_bytes).encode())
     for p in plans:
         h.update(plan_digest(p).encode())
     return h.hexdigest()[:16]
@@ -237,7 +240,7 @@ class _Exchange:
         """Post, complete and unpack one phase's messages."""
         posted_recvs = []
         for peer, segs in recvs:
-            if peer in self.failures.broken:
+            if self.failures.closed(peer):
                 continue
             try:
                 posted_recvs.append(self._post_recv(peer, segs, tag, what))

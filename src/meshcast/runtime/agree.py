@@ -1,14 +1,18 @@
-"""The input agreement: before any data moves, the ranks of a call learn each other's plan digest,
-options and input errors through the store, and refuse together if anything differs.
+"""The input agreement: before any data moves, the ranks of a call learn each other's options and
+input errors through the store, and refuse together if anything differs or is wrong.
 
 Each rank appends its record to the call's key and reads the key until every plan rank's record
-is there (a few store round trips when the ranks arrive together). Nothing here waits on a
-message, so nothing can hang on a rank that holds a different plan: while waiting, a rank looks at
-where each missing peer is (``meshcast/at/<rank>``) and refuses at once when the peer
+is there (a few store round trips when the ranks arrive together). Calls are keyed by their plan
+(board.py), so ranks holding different plans never meet under one key; nothing here waits on a
+message, so nothing can hang on them either: while waiting, a rank looks at where each missing
+peer is (``meshcast/at/<rank>``) and refuses at once when the peer
 
-* is in a call with other plan ranks that include this rank, which this rank has not made: each
-  waits for the other (plans or meshes that differ per rank), or
-* has refused its own call with other plan ranks (its plan differs from its peers').
+* waits in the agreement of another call whose ranks include this rank and which this rank has
+  not made: each waits for the other (a plan or a mesh that differs per rank), or
+* refused, at the same step of the program (the same number of meshcast calls on this group,
+  board.next_step), a call that this rank has not made: its plan differs from its peers', or its
+  plan was unusable. Steps agree where every rank makes every call (SPMD, as with DTensor); where
+  they do not, such a peer is waited for.
 
 A peer that is merely busy elsewhere (an earlier call, compute) is waited for, up to ``timeout``.
 """
@@ -29,64 +33,94 @@ POLL_S = (1e-4, 5e-3)
 """First and longest pause between two looks at the records."""
 SCAN_S = (0.02, 0.1)
 """When a rank first looks where its missing peers are, and how often after that."""
-RECENT_S = 5.0
-"""A peer's refusal counts against this call if it happened at most this long before the call
-started (an older one belongs to an earlier, unrelated mistake)."""
 
 
 def agree(call: Call, record: dict[str, Any]) -> None:
-    """Exchange ``record`` (``plan``, ``options``, ``error``, ``what``) with every
-    rank of ``call``; raise ``ValueError`` on every rank if any differ or any has an error,
-    :class:`ReshardError` if a rank does not come within the call's timeout."""
+    """Exchange ``record`` (``plan``, ``options``, ``error``, ``what``) with every rank of
+    ``call``; raise ``ValueError`` on every rank if any differ or any has an error,
+    :class:`ReshardError` if a rank does not come within the call's timeout.
+
+    The outcome is one verdict per call, set once in the store (``compare_set``): by the first
+    rank that holds every record (the verdict follows from the records alone, so every such rank
+    would set the same), or by a rank that calls the call off while a record is missing (a
+    conflict, a time-out). Every rank follows the verdict, so no rank goes ahead while another
+    refuses."""
     here = {
-        "call": call.key, "digest": call.digest, "number": call.number,
+        "call": call.key, "family": call.family, "number": call.number, "step": call.step,
         "ranks": list(call.ranks), "what": record["what"], "state": "agreeing",
         "wall": time.time(),
     }
     try:
-        records = _gather(call, {**record, "rank": call.me}, here)
-        problem = _compare(call, records)
-    except ValueError:
-        _refused(call, here)
-        raise
-    except ReshardError:
-        _refused(call, here)
-        raise
+        records, verdict = _gather(call, {**record, "rank": call.me}, here)
     except Exception as exc:  # the store itself failed
+        _refused(call, here)
         raise ReshardError(
             f"{call.caller} on rank {call.me}: the process group's store failed during the "
             f"input agreement after {call.elapsed():.2f} s: {exc}", call.ranks) from exc
-    if problem is not None:
-        _refused(call, here)
+    if verdict["ok"]:
+        return
+    _refused(call, here)
+    if verdict.get("by") is None:  # decided from the records: each rank says it its own way
+        problem = _compare(call, records)
         raise ValueError(f"{call.caller} on rank {call.me}: {problem}; nothing was sent")
+    text = verdict["reason"] if verdict["by"] == call.me else (
+        f"rank {verdict['by']} called the call off: {verdict['reason']}")
+    if verdict.get("missing"):
+        missing = tuple(verdict["missing"])
+        raise ReshardError(f"{call.caller} on rank {call.me}: {text}; nothing was sent", missing,
+                           failed=missing)
+    raise ValueError(f"{call.caller} on rank {call.me}: {text}; nothing was sent")
 
 
-def _gather(call: Call, record: dict[str, Any], here: dict[str, Any]) -> dict[int, dict]:
+def _gather(
+    call: Call, record: dict[str, Any], here: dict[str, Any]
+) -> tuple[dict[int, dict], dict[str, Any]]:
+    """Every record this rank could read, and the verdict."""
     store, key = call.store, f"{call.key}/records"
     store.set(call.at_key(call.me), json.dumps(here))
     store.append(key, json.dumps(record) + "\n")
     got: dict[int, dict] = {}
     pause, next_scan = POLL_S[0], SCAN_S[0]
     while True:
-        for line in store.get(key).decode().splitlines():
+        text = store.get(key).decode() if store.check([key]) else ""
+        called_off = False
+        for line in text.splitlines():
             rec = json.loads(line)
-            got[rec["rank"]] = rec
+            if "rank" in rec:
+                got[rec["rank"]] = rec
+            else:
+                called_off = True
         missing = [q for q in call.ranks if q not in got]
-        if not missing:
-            break
+        if called_off or not missing:
+            verdict = {"ok": _compare(call, got) is None} if not missing else {"ok": False}
+            return got, _settle(call, verdict)
+        off: dict[str, Any] | None = None
         if call.elapsed() >= next_scan:
-            conflict = _conflict(call, missing, record["what"])
-            if conflict is not None:
-                raise ValueError(f"{call.caller} on rank {call.me}: {conflict}; nothing was sent")
+            reason = _conflict(call, missing, record["what"])
+            off = None if reason is None else {"reason": reason}
             next_scan = call.elapsed() + SCAN_S[1]
-        if call.elapsed() > call.timeout:
-            raise ReshardError(_absent(call, missing), tuple(missing), failed=tuple(missing))
+        if off is None and call.elapsed() > call.timeout:
+            off = {"reason": _absent(call, missing), "missing": missing}
+        if off is not None:
+            verdict = _settle(call, {"ok": False, "by": call.me, **off})
+            if verdict.get("by") == call.me:  # tell the ranks still reading records
+                store.append(key, json.dumps({"called_off": True}) + "\n")
+            if not verdict["ok"]:
+                return got, verdict
         time.sleep(pause)
         pause = min(2 * pause, POLL_S[1])
-    if store.add(f"{call.key}/read", 1) == len(call.ranks):  # the last reader cleans up
-        store.delete_key(key)
-        store.delete_key(f"{call.key}/read")
-    return got
+
+
+def _settle(call: Call, verdict: dict[str, Any]) -> dict[str, Any]:
+    """Set the call's verdict unless one is set; the verdict that holds. A rank whose records are
+    complete cleans the keys up once every rank has read the verdict."""
+    store = call.store
+    ours = json.dumps(verdict)
+    held = json.loads(store.compare_set(f"{call.key}/verdict", "", ours).decode())
+    if held.get("ok") and store.add(f"{call.key}/read", 1) == len(call.ranks):
+        for suffix in ("records", "verdict", "read"):
+            store.delete_key(f"{call.key}/{suffix}")
+    return held
 
 
 def _where(call: Call, rank: int) -> dict[str, Any] | None:
@@ -97,20 +131,25 @@ def _where(call: Call, rank: int) -> dict[str, Any] | None:
 
 
 def _conflict(call: Call, missing: list[int], what: str) -> str | None:
+    advice = ("every rank of a plan must call with the same plan (are meshes or plans built "
+              "differently on different ranks, e.g. a sub-mesh that differs per rank?)")
+    mine = f"{what} over ranks {_ranks(call.ranks)}"
     for q in missing:
         at = _where(call, q)
-        if at is None or at["digest"] == call.digest:
-            continue  # never called, or in an earlier, the same or a later call of these ranks
+        if at is None or at["family"] == call.family:
+            continue  # never called, or in an earlier, the same or a later call of this plan
         theirs = f"{at['what']} over ranks {_ranks(at['ranks'])}"
-        mine = f"{what} over ranks {_ranks(call.ranks)}"
-        advice = ("every rank of a plan must call with the same plan (are meshes or plans built "
-                  "differently on different ranks, e.g. a sub-mesh that differs per rank?)")
-        if call.me in at["ranks"] and at["number"] >= calls_made(call.group, at["digest"]):
-            return (f"rank {q} waits for this rank in a call with another plan ({theirs}), while "
-                    f"this rank's plan ({mine}) waits for rank {q}: {advice}")
-        if at["state"] == "refused" and at.get("wall", 0.0) > call.wall - RECENT_S:
-            return (f"rank {q} refused its call with another plan ({theirs}), while this rank's "
-                    f"plan ({mine}) waits for it: {advice}")
+        made = call.me in at["ranks"] and at["number"] < calls_made(call.group, at["family"])
+        if at["state"] == "agreeing" and call.me in at["ranks"] and not made:
+            return (f"rank {q} waits for rank {call.me} in a call with another plan ({theirs}), "
+                    f"while rank {call.me}'s plan ({mine}) waits for rank {q}: {advice}")
+        if at["state"] != "refused" or made or at.get("step") != call.step:
+            continue  # busy elsewhere, or its refusal belongs to another step of the program
+        if not at["family"]:
+            return (f"rank {q} refused its call before joining it ({at['what']}), while rank "
+                    f"{call.me}'s plan ({mine}) waits for it")
+        return (f"rank {q} refused its call with another plan ({theirs}), while rank "
+                f"{call.me}'s plan ({mine}) waits for it: {advice}")
     return None
 
 
@@ -126,9 +165,8 @@ def _absent(call: Call, missing: list[int]) -> str:
             where.append(f"rank {q} is in another call ({at['what']} over ranks "
                          f"{_ranks(at['ranks'])}, {at['state']})")
     return (
-        f"{call.caller} on rank {call.me}: ranks {missing} did not join the input agreement "
-        f"within {call.timeout:g} s ({'; '.join(where)}) (ranks involved: {list(call.ranks)}); "
-        f"nothing was sent"
+        f"ranks {missing} did not join the input agreement within {call.timeout:g} s "
+        f"({'; '.join(where)}) (ranks involved: {list(call.ranks)})"
     )
 
 
@@ -166,12 +204,12 @@ def _refused(call: Call, here: dict[str, Any]) -> None:
 
 def refuse_early(group: object, me: int, what: str) -> None:
     """Say in the store that this rank refused a call before it could join an agreement (its
-    arguments were unusable), so that peers waiting for it refuse at once instead of timing out.
-    Best effort: nothing happens without an initialised process group."""
-    from .board import store_of
+    plan was unusable), so that peers waiting for it at the same step refuse at once instead of
+    timing out. Best effort: nothing happens without an initialised process group."""
+    from .board import next_step, store_of
 
-    here = {"call": "", "digest": "", "number": -1, "ranks": [], "what": what,
-            "state": "refused", "wall": time.time()}
+    here = {"call": "", "family": "", "number": -1, "step": next_step(group), "ranks": [],
+            "what": what, "state": "refused", "wall": time.time()}
     with contextlib.suppress(Exception):
         store_of(group).set(Call.at_key(me), json.dumps(here))
 

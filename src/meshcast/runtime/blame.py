@@ -64,14 +64,14 @@ class Diagnosis:
 
 
 def _edges(faults: list[Fault]) -> dict[int, set[int]]:
-    """rank -> peers it waited for or lost; a lost connection that the peer's own time-out
-    explains (gloo closes a pair when a wait on it times out) points the other way only."""
-    timed_out = {(f.rank, f.peer) for f in faults if f.kind == "timeout"}
+    """rank -> peers it waited for or lost. A lost connection with a peer that itself timed out
+    is not followed: a gloo wait that times out closes all of its rank's connections."""
+    timed_out = {f.rank for f in faults if f.kind == "timeout"}
     edges: dict[int, set[int]] = {}
     for f in faults:
         if f.peer is None or f.kind == "error":
             continue
-        if f.kind == "closed" and (f.peer, f.rank) in timed_out:
+        if f.kind == "closed" and f.peer in timed_out:
             continue
         edges.setdefault(f.rank, set()).add(f.peer)
     return edges
@@ -95,7 +95,7 @@ def _ends(start: int, edges: dict[int, set[int]], errors: set[int]) -> set[int]:
 def diagnose(faults: Iterable[Fault], notes: Iterable[Fault] = ()) -> Diagnosis:
     """The ranks that failed first, given every rank's ``faults`` and current waiting
     ``notes``. Chains start at faults only (a note just extends a chain)."""
-    faults, notes = list(faults), list(notes)
+    faults, notes = _earliest(faults), list(notes)
     if not faults:
         return Diagnosis((), "no rank reported a failure")
     everything = faults + notes
@@ -109,6 +109,18 @@ def diagnose(faults: Iterable[Fault], notes: Iterable[Fault] = ()) -> Diagnosis:
     for r in sorted(roots, key=lambda r: (_first_seen(r, faults), r)):
         parts.append(_sentence(r, faults, everything, r in errors, r in reporters))
     return Diagnosis(tuple(sorted(roots)), "; ".join(parts))
+
+
+def _earliest(faults: Iterable[Fault]) -> list[Fault]:
+    """Each rank's first fault with each peer (the later ones follow from it), and its errors."""
+    first: dict[tuple[int, int], Fault] = {}
+    out = []
+    for f in sorted(faults, key=lambda f: f.wall):
+        if f.peer is None:
+            out.append(f)
+        elif (f.rank, f.peer) not in first:
+            first[(f.rank, f.peer)] = f
+    return out + list(first.values())
 
 
 def _first_seen(rank: int, faults: list[Fault]) -> float:

@@ -1,17 +1,18 @@
 """One meshcast call's side channel in the process group's store (c10d's key-value store, the one
 the group was created with): the input agreement and the error board.
 
-A call is named by its plan ranks and its number among this process's calls with exactly those
-ranks on this group; every rank of a consistent program gives the same call the same name. Its
-keys live under ``meshcast/c/<ranks digest>/<number>/``; ``meshcast/at/<rank>`` says which call a
-rank is in (read by the agreement of ranks that wait for it, see agree.py).
+A call is named by its plan ranks, its plan's digest and its number among this process's calls
+of that plan on those ranks in this group; every rank of a consistent program gives the same call
+the same name. Its keys live under ``meshcast/c/<ranks digest>/<plan digest>/<number>/``;
+``meshcast/at/<rank>`` says which call a rank is in (read by the agreement of ranks that wait for
+it, see agree.py).
 
 The error board is one appended key per call: the first rank to see a failure writes a
 :class:`~meshcast.runtime.blame.Fault` there before doing anything else, so a rank that later
-receives the placeholder messages of a failing peer (see runner.py) always finds the report
-when it checks the board at the end of its call. Ranks that wait long for a peer leave a note
-under ``waiting/<rank>``, cleared when the wait ends; the notes let :func:`diagnose` follow a chain
-of waits to a rank that stopped.
+receives the placeholder messages of a failing peer (see p2p.py) always finds the report when it
+checks the board at the end of its call. Ranks that wait long for a peer leave a note under
+``waiting/<rank>``, cleared when the wait ends; the notes let
+:func:`~meshcast.runtime.blame.diagnose` follow a chain of waits to a rank that stopped.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from torch.distributed import distributed_c10d as c10d
 
 from .blame import Fault
 
-__all__ = ["Call", "calls_made", "store_of"]
+__all__ = ["Call", "calls_made", "next_step", "ranks_digest", "store_of"]
 
 _counters: dict[tuple[int, str], int] = {}
+_steps: dict[int, int] = {}
 _counter_lock = threading.Lock()
 
 
@@ -46,17 +48,34 @@ def ranks_digest(ranks: Sequence[int]) -> str:
     return hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
 
 
-def calls_made(group: dist.ProcessGroup, digest: str) -> int:
-    """How many calls with the rank set of ``digest`` this process has started on ``group``."""
+def next_step(group: dist.ProcessGroup) -> int:
+    """Count one meshcast call on ``group`` by this process, inside its plan or not; the
+    call's step. In a program where every rank makes every call (SPMD), a call has the same step
+    on every rank."""
     with _counter_lock:
-        return _counters.get((id(group), digest), 0)
+        step = _steps.get(id(group), 0)
+        _steps[id(group)] = step + 1
+        return step
+
+
+def calls_made(group: dist.ProcessGroup, family: str) -> int:
+    """How many calls of ``family`` (ranks digest/plan digest) this process started on
+    ``group``."""
+    with _counter_lock:
+        return _counters.get((id(group), family), 0)
 
 
 class Call:
     """The identity, clock and store keys of one call on this rank."""
 
     def __init__(
-        self, group: dist.ProcessGroup, ranks: Sequence[int], me: int, caller: str, timeout: float
+        self,
+        group: dist.ProcessGroup,
+        ranks: Sequence[int],
+        me: int,
+        caller: str,
+        timeout: float,
+        plan_digest: str,
     ) -> None:
         self.start = time.monotonic()
         self.wall = time.time()
@@ -66,12 +85,13 @@ class Call:
         self.caller = caller
         self.timeout = timeout
         self.store = store_of(group)
-        self.digest = ranks_digest(self.ranks)
+        self.family = f"{ranks_digest(self.ranks)}/{plan_digest}"
+        self.step = next_step(group)
         with _counter_lock:
-            key = (id(group), self.digest)
+            key = (id(group), self.family)
             self.number = _counters.get(key, 0)
             _counters[key] = self.number + 1
-        self.key = f"meshcast/c/{self.digest}/{self.number}"
+        self.key = f"meshcast/c/{self.family}/{self.number}"
         self._lock = threading.Lock()
         self._noted = False
 

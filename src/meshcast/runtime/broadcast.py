@@ -142,7 +142,7 @@ class Relay:
                     self.budget.acquire(nbytes, alone=True)
                 extra = nbytes
                 buf = torch.empty(view.shape, dtype=view.dtype, device=view.device)
-        if self.feeder not in self.failures.broken:
+        if not self.failures.closed(self.feeder):
             what = f"{self.what}: chunk {k + 1}/{len(self.chunks)} from {self.feeder}"
             try:
                 work = self.transport.irecv(buf, self.feeder, self.index, what)

@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 from ..plan import Plan
 from .agree import agree, refuse_early
-from .blame import Fault, diagnose
-from .board import Call
+from .blame import diagnose
+from .board import Call, next_step
 from .errors import ReshardError
 from .p2p import Failures, Transport
 from .runner import Runner
@@ -54,14 +54,17 @@ def plan_digest(plan: Plan) -> str:
     return digest
 
 
-def _check_arguments(timeout: object, chunk_bytes: object, max_inflight_bytes: object) -> None:
+def _bad_argument(timeout: object, chunk_bytes: object, max_inflight_bytes: object) -> str | None:
     for argument, value in (
         ("timeout", timeout),
         ("chunk_bytes", chunk_bytes),
         ("max_inflight_bytes", max_inflight_bytes),
     ):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{argument} must be a positive number, got {value!r}")
+            return f"{argument} must be a positive number, got {value!r}"
+    if isinstance(chunk_bytes, float) and not chunk_bytes.is_integer():
+        return f"chunk_bytes must be a whole number of bytes, got {chunk_bytes!r}"
+    return None
 
 
 def _pick_device(local: object, backend: str, device: object) -> torch.device:
@@ -109,11 +112,21 @@ def reshard(
     posting order).
     """
     try:
-        inside = _validate(local, plan, group, timeout, chunk_bytes, max_inflight_bytes)
+        inside = _validate(local, plan, group)
+        if not inside:
+            bad = _bad_argument(timeout, chunk_bytes, max_inflight_bytes)
+            if bad is not None:  # nobody waits for this rank
+                raise ValueError(bad)
     except (TypeError, ValueError) as exc:
         publish_refusal(group, exc)
         raise
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "meshcast.reshard needs torch.distributed: call init_process_group first "
+            "(or run under meshcast.launch / torchrun)"
+        )
     if not inside:
+        next_step(group if group is not None else dist.group.WORLD)
         return None
     task = plan.task
     me = dist.get_rank(group)
@@ -122,17 +135,20 @@ def reshard(
     def to_global(r: int) -> int:
         return r if group is None else dist.get_global_rank(group, r)
 
+    # what this rank cannot use is an error of the agreement, so that every rank refuses it
+    error = _bad_argument(timeout, chunk_bytes, max_inflight_bytes)
+    if error is None and chunk_bytes < task.itemsize:
+        error = f"chunk_bytes={chunk_bytes} must be at least the element size {task.itemsize}"
     dev = _pick_device(local, str(dist.get_backend(group)), device)
     dtype = torch_dtype(task.dtype)
     why = check_local(local, task.src_box(me), task, me, dtype, dev)
-    error = None if why is None else f"local {why}"
-    if error is None and chunk_bytes < task.itemsize:
-        error = f"chunk_bytes={chunk_bytes} must be at least the element size {task.itemsize}"
-    call = Call(p2p_group, plan.ranks, me, "meshcast.reshard", float(timeout))
+    error = error or (None if why is None else f"local {why}")
+    wait = float(timeout) if error is None else DEFAULT_TIMEOUT
+    call = Call(p2p_group, plan.ranks, me, "meshcast.reshard", wait, plan_digest(plan))
     path = "nccl" if dev.type == "cuda" else "gloo"
     agree(call, {
         "plan": plan_digest(plan), "what": task.describe(), "error": error,
-        "options": {"chunk_bytes": int(chunk_bytes), "path": path},
+        "options": {"chunk_bytes": chunk_bytes, "path": path},
     })
 
     dst_box = task.dst_box(me)
@@ -155,19 +171,13 @@ def reshard(
     return None if out is None else out.view(dtype)
 
 
-def _validate(
-    local: object, plan: object, group: object, timeout: object, chunk_bytes: object,
-    max_inflight_bytes: object,
-) -> bool:
-    """Check what one rank can check alone; whether this rank takes part in the plan."""
+def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> bool:
+    """Check what must hold before a rank can join the agreement; whether this rank takes part
+    in the plan."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
-    _check_arguments(timeout, chunk_bytes, max_inflight_bytes)
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "meshcast.reshard needs torch.distributed: call init_process_group first "
-            "(or run under meshcast.launch / torchrun)"
-        )
+        return False
     me = dist.get_rank(group)
     size = dist.get_world_size(group)
     ranks = plan.ranks
@@ -202,23 +212,30 @@ def finish_call(call: Call, failures: Failures) -> None:
                 f"the process group's store after {call.elapsed():.2f} s ({exc}); the result "
                 f"cannot be trusted", call.ranks) from exc
     if flagged:
-        raise failure(call, failures.faults, failures.broken)
+        raise failure(call, failures)
 
 
-def failure(call: Call, own: list[Fault], broken: set[int]) -> ReshardError:
+def failure(call: Call, failures: Failures) -> ReshardError:
     """The error of a failed call on this rank: the ranks that failed first (from every rank's
     reports), what this rank saw, the elapsed time and the state left behind."""
+    own = failures.faults
     faults, notes = call.faults()
     seen = {f.to_json() for f in faults}
     faults += [f for f in own if f.to_json() not in seen]  # reports that did not get through
     diagnosis = diagnose(faults, notes)
     mine = own[0].describe() if own else (
         "its messages completed, but what it received came from or through the failed ranks")
+    if own and mine in diagnosis.text:
+        mine = "as above"
     peers = {f.peer for f in own if f.peer is not None}
     involved = sorted(set(diagnosis.first) | {call.me} | peers)
-    if broken:
-        state = (f"this rank's connections with ranks {sorted(broken)} are closed; its "
-                 f"connections with the other ranks are left as they were")
+    if failures.all_closed:
+        state = ("a wait timed out on this rank, and gloo then closes every connection of the "
+                 "process group on this rank: destroy the group (its peers see their "
+                 "connections with this rank closed)")
+    elif failures.broken:
+        state = (f"this rank's connections with ranks {sorted(failures.broken)} are closed; its "
+                 f"other connections are left as they were")
     else:
         state = "this rank's connections are left as they were"
     return ReshardError(

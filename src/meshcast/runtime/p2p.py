@@ -110,42 +110,56 @@ class Transport:
 class Failures:
     """What this rank knows about failures in one call: its faults (each reported on the call's
     board before anything else happens), the peers whose connection broke, and whether the rank
-    now sends placeholders (``degraded``)."""
+    now sends placeholders (``degraded``).
+
+    A gloo wait that times out closes every connection of the process group on this rank, not
+    just the one it waited on ("Application timeout caused pair closure"): after a time-out the
+    rank exchanges nothing more (``all_closed``) and the failures that follow are not reported.
+    """
 
     def __init__(self, call: Call, timeout: float) -> None:
         self.call = call
         self.timeout = timeout
         self.faults: list[Fault] = []
         self.broken: set[int] = set()
+        self.all_closed = False
         self.degraded = threading.Event()
         self.reported = False
-        self._told: set[tuple[str, int | None]] = set()
+        self._told: set[int | None] = set()
         self._lock = threading.Lock()
 
     def peer(self, fault: PeerFault) -> None:
         """Record a failed message with a peer."""
         detail = f"{self.timeout:g} s" if fault.kind == "timeout" else fault.detail
-        self._record(self.call.fault(fault.kind, fault.peer, fault.what, detail))
+        consequence = self.all_closed and fault.kind == "closed"
+        self._record(self.call.fault(fault.kind, fault.peer, fault.what, detail), consequence)
 
     def error(self, what: str, exc: BaseException) -> None:
         """Record an exception of this rank's own."""
         self._record(self.call.fault("error", None, what, f"{type(exc).__name__}: "
                                                           f"{_first_line(exc)}"))
 
-    def _record(self, fault: Fault) -> None:
+    def _record(self, fault: Fault, consequence: bool = False) -> None:
         with self._lock:
             self.faults.append(fault)
             if fault.peer is not None:
                 self.broken.add(fault.peer)
-            tell = (fault.kind, fault.peer) not in self._told
-            self._told.add((fault.kind, fault.peer))
+            if fault.kind == "timeout":
+                self.all_closed = True
+            # one report per peer: later failures with it follow from the first
+            tell = not consequence and (fault.peer is None or fault.peer not in self._told)
+            self._told.add(fault.peer)
         if tell and self.call.report(fault):
             self.reported = True
         self.degraded.set()  # after the report: placeholders only ever follow a report
 
+    def closed(self, peer: int) -> bool:
+        """Whether this rank's connection with ``peer`` is known to be closed."""
+        return self.all_closed or peer in self.broken
+
     def sendable(self, peer: int) -> bool:
         """Whether this rank still sends to ``peer`` (data, or a placeholder when degraded)."""
-        return peer not in self.broken and (self.reported or not self.degraded.is_set())
+        return not self.closed(peer) and (self.reported or not self.degraded.is_set())
 
     def wait(self, item: Pending) -> None:
         """Wait (the main thread) until ``item`` is complete, leaving a note while it is slow."""
@@ -156,7 +170,7 @@ class Failures:
                 peer, what = item.waiting_on()
                 self.call.note_waiting(self.call.fault("waiting", peer, what))
                 noted = True
-        if noted:
+        if noted and not self.faults:  # after a failure the note stays: it shows the chain
             self.call.note_waiting(None)
 
 

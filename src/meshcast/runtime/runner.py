@@ -144,7 +144,7 @@ class Runner:
     def _recv(self, box: Box, peer: int, index: int, what: str, ranks: tuple[int, ...]) -> None:
         assert self.out is not None and self.dst_box is not None
         for chunk in chunk_boxes(box, self.itemsize, self.chunk_bytes):
-            if peer in self.failures.broken:
+            if self.failures.closed(peer):
                 return
             view = self.out[relative(chunk, self.dst_box)]
             extra, finish, buf = 0, None, view
