@@ -1,8 +1,8 @@
 """Clean exit under the real ``torchrun``: a job of 8 gloo ranks that runs reshard (odd strides,
-both posting modes, relays on every host), reshard_many and reshard_dtensor, checks every result
-byte for byte, destroys the process group and exits, started 10 times in a row: every launch must
-exit with status 0 (no ``terminate called without an active exception``, no thread or pending
-message outliving a call)."""
+both posting modes, relays on every host), reshard_many, reshard_dtensor and two pipeline training
+steps, checks every result, destroys the process group and exits, started 10 times in a row: every
+launch must exit with status 0 (no ``terminate called without an active exception``, no thread or
+pending message outliving a call)."""
 
 from __future__ import annotations
 

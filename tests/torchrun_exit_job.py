@@ -1,7 +1,8 @@
 """One rank of the clean-exit job that tests/test_runtime_exit.py starts with the real ``torchrun``
 (8 ranks, gloo): several ``reshard`` calls (odd strides, both posting modes, host-aware
-broadcasts with relays), one ``reshard_many`` and one ``reshard_dtensor``, every result checked
-byte for byte, then ``destroy_process_group()`` and a normal interpreter exit.
+broadcasts with relays), one ``reshard_many``, one ``reshard_dtensor`` (every result checked byte
+for byte) and two pipelined training steps (losses against one process's, float tolerance), then
+``destroy_process_group()`` and a normal interpreter exit.
 
 Exit status 0 only if every result is exact; 3 on a wrong result (the test then reports it).
 """
@@ -31,6 +32,23 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and bool(
         torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
     )
+
+
+def _pipeline_step(rank: int) -> list[str]:
+    """Two training steps of a small GPT pipelined over ranks 0-1 and 2-3 (ranks 4-7 idle, as
+    SPMD requires every rank to build the runtime); the losses against one process's."""
+    from meshcast.models import gpt
+    from meshcast.pipeline.training import TrainJob, reference_training, run_jobs
+
+    cfg = gpt.GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    job = TrainJob("gpt", cfg, ((0, 1), (2, 3)), "1f1b", "broadcast", num_microbatches=2)
+    (got,) = run_jobs(rank, [job], keep_state=False)
+    if rank in (2, 3):
+        want, _ = reference_training(job)
+        if not torch.allclose(torch.tensor(got["losses"]), torch.tensor(want), atol=1e-5,
+                              rtol=1e-4):
+            return [f"pipeline losses {got['losses']} != {want}"]
+    return []
 
 
 def main() -> int:
@@ -83,6 +101,8 @@ def main() -> int:
     res = meshcast.reshard_dtensor(dt, b, [Replicate()], timeout=60)
     if rank >= 4 and (res is None or not _same(res.to_local(), glob)):
         bad.append("reshard_dtensor")
+
+    bad += _pipeline_step(rank)
 
     dist.destroy_process_group()
     if bad:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .board import Call, calls_made
@@ -35,7 +36,9 @@ SCAN_S = (0.02, 0.1)
 """When a rank first looks where its missing peers are, and how often after that."""
 
 
-def agree(call: Call, record: dict[str, Any]) -> None:
+def agree(
+    call: Call, record: dict[str, Any], abort: Callable[[], str | None] | None = None
+) -> None:
     """Exchange ``record`` (``plan``, ``options``, ``error``, ``what``) with every rank of
     ``call``; raise ``ValueError`` on every rank if any differ or any has an error,
     :class:`ReshardError` if a rank does not come within the call's timeout.
@@ -43,15 +46,15 @@ def agree(call: Call, record: dict[str, Any]) -> None:
     The outcome is one verdict per call, set once in the store (``compare_set``): by the first
     rank that holds every record (the verdict follows from the records alone, so every such rank
     would set the same), or by a rank that calls the call off while a record is missing (a
-    conflict, a time-out). Every rank follows the verdict, so no rank goes ahead while another
-    refuses."""
+    conflict, a time-out, ``abort()`` returning a reason). Every rank follows the verdict, so no
+    rank goes ahead while another refuses."""
     here = {
         "call": call.key, "family": call.family, "number": call.number, "step": call.step,
         "ranks": list(call.ranks), "what": record["what"], "state": "agreeing",
         "wall": time.time(),
     }
     try:
-        records, verdict = _gather(call, {**record, "rank": call.me}, here)
+        records, verdict = _gather(call, {**record, "rank": call.me}, here, abort)
     except Exception as exc:  # the store itself failed
         _refused(call, here)
         raise ReshardError(
@@ -73,7 +76,8 @@ def agree(call: Call, record: dict[str, Any]) -> None:
 
 
 def _gather(
-    call: Call, record: dict[str, Any], here: dict[str, Any]
+    call: Call, record: dict[str, Any], here: dict[str, Any],
+    abort: Callable[[], str | None] | None,
 ) -> tuple[dict[int, dict], dict[str, Any]]:
     """Every record this rank could read, and the verdict."""
     store, key = call.store, f"{call.key}/records"
@@ -95,9 +99,16 @@ def _gather(
             verdict = {"ok": _compare(call, got) is None} if not missing else {"ok": False}
             return got, _settle(call, verdict)
         off: dict[str, Any] | None = None
-        if call.elapsed() >= next_scan:
+        given_up = abort() if abort is not None else None
+        if given_up is not None:
+            off = {"reason": given_up}
+        elif call.elapsed() >= next_scan:
             reason = _conflict(call, missing, record["what"])
-            off = None if reason is None else {"reason": reason}
+            # a peer may have added its record, finished this call and gone on since the records
+            # were read: it counts against this call only if its record is still missing
+            if reason is not None and not _still_missing(call, key, reason[0]):
+                reason = None
+            off = None if reason is None else {"reason": reason[1]}
             next_scan = call.elapsed() + SCAN_S[1]
         if off is None and call.elapsed() > call.timeout:
             off = {"reason": _absent(call, missing), "missing": missing}
@@ -130,7 +141,13 @@ def _where(call: Call, rank: int) -> dict[str, Any] | None:
     return json.loads(call.store.get(key).decode())
 
 
-def _conflict(call: Call, missing: list[int], what: str) -> str | None:
+def _still_missing(call: Call, key: str, rank: int) -> bool:
+    text = call.store.get(key).decode() if call.store.check([key]) else ""
+    return all(json.loads(line).get("rank") != rank for line in text.splitlines())
+
+
+def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | None:
+    """(peer, why) when a missing peer cannot come to this call (module docstring)."""
     advice = ("every rank of a plan must call with the same plan (are meshes or plans built "
               "differently on different ranks, e.g. a sub-mesh that differs per rank?)")
     mine = f"{what} over ranks {_ranks(call.ranks)}"
@@ -141,15 +158,16 @@ def _conflict(call: Call, missing: list[int], what: str) -> str | None:
         theirs = f"{at['what']} over ranks {_ranks(at['ranks'])}"
         made = call.me in at["ranks"] and at["number"] < calls_made(call.group, at["family"])
         if at["state"] == "agreeing" and call.me in at["ranks"] and not made:
-            return (f"rank {q} waits for rank {call.me} in a call with another plan ({theirs}), "
-                    f"while rank {call.me}'s plan ({mine}) waits for rank {q}: {advice}")
+            return q, (f"rank {q} waits for rank {call.me} in a call with another plan "
+                       f"({theirs}), while rank {call.me}'s plan ({mine}) waits for rank {q}: "
+                       f"{advice}")
         if at["state"] != "refused" or made or at.get("step") != call.step:
             continue  # busy elsewhere, or its refusal belongs to another step of the program
         if not at["family"]:
-            return (f"rank {q} refused its call before joining it ({at['what']}), while rank "
-                    f"{call.me}'s plan ({mine}) waits for it")
-        return (f"rank {q} refused its call with another plan ({theirs}), while rank "
-                f"{call.me}'s plan ({mine}) waits for it: {advice}")
+            return q, (f"rank {q} refused its call before joining it ({at['what']}), while "
+                       f"rank {call.me}'s plan ({mine}) waits for it")
+        return q, (f"rank {q} refused its call with another plan ({theirs}), while rank "
+                   f"{call.me}'s plan ({mine}) waits for it: {advice}")
     return None
 
 

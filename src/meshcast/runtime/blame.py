@@ -64,14 +64,16 @@ class Diagnosis:
 
 
 def _edges(faults: list[Fault]) -> dict[int, set[int]]:
-    """rank -> peers it waited for or lost. A lost connection with a peer that itself timed out
-    is not followed: a gloo wait that times out closes all of its rank's connections."""
-    timed_out = {f.rank for f in faults if f.kind == "timeout"}
+    """rank -> peers it waited for or lost. A connection lost with a peer that timed out waiting
+    for this very rank points the other way only (that peer's wait closed it); one lost with a
+    peer that timed out on another rank leads on to that peer's wait (a gloo wait that times out
+    closes every connection of its rank)."""
+    timed_out = {(f.rank, f.peer) for f in faults if f.kind == "timeout"}
     edges: dict[int, set[int]] = {}
     for f in faults:
         if f.peer is None or f.kind == "error":
             continue
-        if f.kind == "closed" and f.peer in timed_out:
+        if f.kind == "closed" and (f.peer, f.rank) in timed_out:
             continue
         edges.setdefault(f.rank, set()).add(f.peer)
     return edges

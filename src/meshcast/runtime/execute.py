@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -87,6 +88,7 @@ def reshard(
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     device: torch.device | str | None = None,
     ordered: bool = True,
+    _abort: Callable[[], str | None] | None = None,
 ) -> torch.Tensor | None:
     """Run ``plan`` and return this rank's destination shard (None if it holds none).
 
@@ -109,7 +111,8 @@ def reshard(
     after another in plan order, so an operation starts when all its ranks are free: the model of
     :func:`meshcast.simulate`, which the planner optimises for. ``ordered=False`` posts all of a
     rank's operations at once and lets them share the links (the plan's order is then only the
-    posting order).
+    posting order). (``_abort``, for meshcast's own pipeline runtime: a probe that returns why
+    the caller gave up, or None; while the ranks agree, a reason calls the call off on all.)
     """
     try:
         inside = _validate(local, plan, group)
@@ -149,7 +152,7 @@ def reshard(
     agree(call, {
         "plan": plan_digest(plan), "what": task.describe(), "error": error,
         "options": {"chunk_bytes": chunk_bytes, "path": path},
-    })
+    }, _abort)
 
     dst_box = task.dst_box(me)
     src = None if local is None else as_carrier(local)
