@@ -156,23 +156,7 @@ def reshard_many(
         _last = ManyStats()
         return [None] * len(plans)
 
-    dtypes = [torch_dtype(p.task.dtype) for p in plans]
-    dev = _device(tensors, device)
-    src_boxes = [p.task.src_box(me) for p in plans]
-    for k, (t, box) in enumerate(zip(tensors, src_boxes)):
-        why = check_local(t, box, plans[k].task, me, dtypes[k], dev)
-        if why is not None:
-            errors.append(f"{label[k]} {why}")
-    digest = _plans_digest(plans, bucket_bytes)
-    call = Call(dist.group.WORLD, ranks, me, "meshcast.reshard_many", float(timeout), digest)
-    error = None
-    if errors:
-        error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
-    agree(call, {
-        "plan": digest, "error": error, "options": {"bucket_bytes": bucket_bytes},
-        "what": f"{len(plans)} plans, the first {plans[0].task.describe()}" if plans else
-                "no plans",
-    })
+    call, dev = _join(tensors, plans, ranks, me, errors, label, bucket_bytes, timeout, device)
 
     host_of: dict[int, int] = {}
     for p in plans:
@@ -184,7 +168,32 @@ def reshard_many(
     run.run()
     finish_call(call, failures)
     _last = run.stats
-    return [None if o is None else o.view(dtypes[k]) for k, o in enumerate(run.outs)]
+    return [None if o is None else o.view(torch_dtype(p.task.dtype))
+            for o, p in zip(run.outs, plans)]
+
+
+def _join(
+    tensors: list, plans: list[Plan], ranks: Sequence[int], me: int, errors: list[str],
+    label: list[str], bucket_bytes: int, timeout: float, device: torch.device | str | None,
+) -> tuple[Call, torch.device]:
+    """Check this rank's shards and agree with the plans' ranks (raises on every rank if any
+    rank cannot go ahead); the call and the results' device."""
+    dev = _device(tensors, device)
+    for k, t in enumerate(tensors):
+        p = plans[k]
+        why = check_local(t, p.task.src_box(me), p.task, me, torch_dtype(p.task.dtype), dev)
+        if why is not None:
+            errors.append(f"{label[k]} {why}")
+    digest = _plans_digest(plans, bucket_bytes)
+    call = Call(dist.group.WORLD, ranks, me, "meshcast.reshard_many", float(timeout), digest)
+    error = None
+    if errors:
+        error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+    agree(call, {
+        "plan": digest, "error": error, "options": {"bucket_bytes": bucket_bytes},
+        "what": f"{len(plans)} plans, the first {plans[0].task.describe()}",
+    })
+    return call, dev
 
 
 def _plans_digest(plans: Sequence[Plan], bucket_bytes: int) -> str:

@@ -11,7 +11,8 @@ peer is (``meshcast/at/<rank>``) and refuses at once when the peer
   not made: each waits for the other (a plan or a mesh that differs per rank), or
 * refused, at the same step of the program (the same number of meshcast calls on this group,
   board.next_step), a call that this rank has not made: its plan differs from its peers', or its
-  plan was unusable. Steps agree where every rank makes every call (SPMD, as with DTensor); where
+  plan was unusable (a rank shows its last few refusals, so a slow peer still finds them).
+  Steps agree where every rank makes every call (SPMD, as with DTensor); where
   they do not, such a peer is waited for.
 
 A peer that is merely busy elsewhere (an earlier call, compute) is waited for, up to ``timeout``.
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +37,11 @@ POLL_S = (1e-4, 5e-3)
 """First and longest pause between two looks at the records."""
 SCAN_S = (0.02, 0.1)
 """When a rank first looks where its missing peers are, and how often after that."""
+RECENT_REFUSALS = 8
+"""Refusals a rank keeps showing to its peers."""
+
+_refusals: dict[int, deque] = {}
+_refusals_lock = threading.Lock()
 
 
 def agree(
@@ -51,7 +59,7 @@ def agree(
     here = {
         "call": call.key, "family": call.family, "number": call.number, "step": call.step,
         "ranks": list(call.ranks), "what": record["what"], "state": "agreeing",
-        "wall": time.time(),
+        "refusals": _recent_refusals(call.group),
     }
     try:
         records, verdict = _gather(call, {**record, "rank": call.me}, here, abort)
@@ -161,13 +169,18 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
             return q, (f"rank {q} waits for rank {call.me} in a call with another plan "
                        f"({theirs}), while rank {call.me}'s plan ({mine}) waits for rank {q}: "
                        f"{advice}")
-        if at["state"] != "refused" or made or at.get("step") != call.step:
-            continue  # busy elsewhere, or its refusal belongs to another step of the program
-        if not at["family"]:
-            return q, (f"rank {q} refused its call before joining it ({at['what']}), while "
-                       f"rank {call.me}'s plan ({mine}) waits for it")
-        return q, (f"rank {q} refused its call with another plan ({theirs}), while rank "
-                   f"{call.me}'s plan ({mine}) waits for it: {advice}")
+        for refusal in at.get("refusals", ()):
+            if refusal["step"] != call.step or refusal["family"] == call.family:
+                continue  # another step of the program (or this very call, on another rank)
+            if call.me in refusal["ranks"] and refusal["number"] < calls_made(
+                    call.group, refusal["family"]):
+                continue  # a call this rank made too
+            if not refusal["family"]:
+                return q, (f"rank {q} refused its call before joining it ({refusal['what']}), "
+                           f"while rank {call.me}'s plan ({mine}) waits for it")
+            return q, (f"rank {q} refused its call with another plan ({refusal['what']} over "
+                       f"ranks {_ranks(refusal['ranks'])}), while rank {call.me}'s plan ({mine}) "
+                       f"waits for it: {advice}")
     return None
 
 
@@ -214,10 +227,23 @@ def _compare(call: Call, records: dict[int, dict]) -> str | None:
     return None
 
 
+def _recent_refusals(group: object, add: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """This process's last refusals on ``group`` (step, family, number, ranks, what), newest
+    last; ``add`` one first. They stay in ``meshcast/at/<rank>`` for a few calls, so a peer that
+    is slow to look still finds the refusal of its step after this rank has moved on."""
+    with _refusals_lock:
+        recent = _refusals.setdefault(id(group), deque(maxlen=RECENT_REFUSALS))
+        if add is not None:
+            recent.append(add)
+        return list(recent)
+
+
 def _refused(call: Call, here: dict[str, Any]) -> None:
+    refusal = {"step": call.step, "family": call.family, "number": call.number,
+               "ranks": list(call.ranks), "what": here["what"]}
+    here = {**here, "state": "refused", "refusals": _recent_refusals(call.group, refusal)}
     with contextlib.suppress(Exception):
-        call.store.set(call.at_key(call.me), json.dumps({**here, "state": "refused",
-                                                         "wall": time.time()}))
+        call.store.set(call.at_key(call.me), json.dumps(here))
 
 
 def refuse_early(group: object, me: int, what: str) -> None:
@@ -226,8 +252,9 @@ def refuse_early(group: object, me: int, what: str) -> None:
     timing out. Best effort: nothing happens without an initialised process group."""
     from .board import next_step, store_of
 
-    here = {"call": "", "family": "", "number": -1, "step": next_step(group), "ranks": [],
-            "what": what, "state": "refused", "wall": time.time()}
+    refusal = {"step": next_step(group), "family": "", "number": -1, "ranks": [], "what": what}
+    here = {"call": "", "family": "", "number": -1, "step": refusal["step"], "ranks": [],
+            "what": what, "state": "refused", "refusals": _recent_refusals(group, refusal)}
     with contextlib.suppress(Exception):
         store_of(group).set(Call.at_key(me), json.dumps(here))
 

@@ -131,47 +131,65 @@ def reshard(
     if not inside:
         next_step(group if group is not None else dist.group.WORLD)
         return None
+    call, dev = _join(local, plan, group, timeout, chunk_bytes, max_inflight_bytes, device,
+                      _abort)
+    return _transfer(call, local, plan, dev, timeout, chunk_bytes, max_inflight_bytes, ordered)
+
+
+def _join(
+    local: torch.Tensor | None, plan: Plan, group: dist.ProcessGroup | None, timeout: float,
+    chunk_bytes: int, max_inflight_bytes: int, device: object,
+    abort: Callable[[], str | None] | None,
+) -> tuple[Call, torch.device]:
+    """Check this rank's inputs and agree with the plan's ranks (raises on every rank if any
+    rank cannot go ahead); the call and the result's device."""
     task = plan.task
     me = dist.get_rank(group)
-    p2p_group = group if group is not None else dist.group.WORLD
-
-    def to_global(r: int) -> int:
-        return r if group is None else dist.get_global_rank(group, r)
-
     # what this rank cannot use is an error of the agreement, so that every rank refuses it
     error = _bad_argument(timeout, chunk_bytes, max_inflight_bytes)
     if error is None and chunk_bytes < task.itemsize:
         error = f"chunk_bytes={chunk_bytes} must be at least the element size {task.itemsize}"
     dev = _pick_device(local, str(dist.get_backend(group)), device)
-    dtype = torch_dtype(task.dtype)
-    why = check_local(local, task.src_box(me), task, me, dtype, dev)
+    why = check_local(local, task.src_box(me), task, me, torch_dtype(task.dtype), dev)
     error = error or (None if why is None else f"local {why}")
     wait = float(timeout) if error is None else DEFAULT_TIMEOUT
+    p2p_group = group if group is not None else dist.group.WORLD
     call = Call(p2p_group, plan.ranks, me, "meshcast.reshard", wait, plan_digest(plan))
-    path = "nccl" if dev.type == "cuda" else "gloo"
     agree(call, {
         "plan": plan_digest(plan), "what": task.describe(), "error": error,
-        "options": {"chunk_bytes": chunk_bytes, "path": path},
-    }, _abort)
+        "options": {"chunk_bytes": chunk_bytes, "path": "nccl" if dev.type == "cuda" else "gloo"},
+    }, abort)
+    return call, dev
+
+
+def _transfer(
+    call: Call, local: torch.Tensor | None, plan: Plan, dev: torch.device, timeout: float,
+    chunk_bytes: int, max_inflight_bytes: int, ordered: bool,
+) -> torch.Tensor | None:
+    """Move the data of an agreed call; this rank's destination shard."""
+    task, me, group = plan.task, call.me, call.group
+
+    def to_global(r: int) -> int:
+        return r if group is dist.group.WORLD else dist.get_global_rank(group, r)
 
     dst_box = task.dst_box(me)
     src = None if local is None else as_carrier(local)
     out = None if dst_box is None else empty_out(dst_box, task.itemsize, dev)
     failures = Failures(call, float(timeout))
-    if path == "nccl":
+    if dev.type == "cuda":
         from .nccl import run_nccl
 
         try:
-            run_nccl(plan, me, src, out, p2p_group, to_global, timeout, chunk_bytes,
+            run_nccl(plan, me, src, out, group, to_global, timeout, chunk_bytes,
                      max_inflight_bytes)
         except Exception as exc:
             failures.error("the NCCL transfers", exc)
     else:
-        transport = Transport(p2p_group, me, to_global, plan.topology._host_of, float(timeout))
+        transport = Transport(group, me, to_global, plan.topology._host_of, float(timeout))
         Runner(plan, me, src, out, transport, failures, chunk_bytes, max_inflight_bytes,
                ordered).run()
     finish_call(call, failures)
-    return None if out is None else out.view(dtype)
+    return None if out is None else out.view(torch_dtype(task.dtype))
 
 
 def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> bool:
