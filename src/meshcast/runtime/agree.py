@@ -74,8 +74,12 @@ def agree(
     if verdict.get("by") is None:  # decided from the records: each rank says it its own way
         problem = _compare(call, records)
         raise ValueError(f"{call.caller} on rank {call.me}: {problem}; nothing was sent")
-    text = verdict["reason"] if verdict["by"] == call.me else (
-        f"rank {verdict['by']} called the call off: {verdict['reason']}")
+    text = verdict["reason"]
+    if verdict["by"] != call.me:  # say it from this rank's side where it can
+        own = None if verdict.get("missing") else _conflict(
+            call, [q for q in call.ranks if q not in records], record["what"])
+        text = own[1] if own is not None else (
+            f"rank {verdict['by']} called the call off: {verdict['reason']}")
     if verdict.get("missing"):
         missing = tuple(verdict["missing"])
         raise ReshardError(f"{call.caller} on rank {call.me}: {text}; nothing was sent", missing,
@@ -159,8 +163,17 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
     advice = ("every rank of a plan must call with the same plan (are meshes or plans built "
               "differently on different ranks, e.g. a sub-mesh that differs per rank?)")
     mine = f"{what} over ranks {_ranks(call.ranks)}"
-    for q in missing:
-        at = _where(call, q)
+    where = {q: _where(call, q) for q in missing}
+    differ = [q for q, at in where.items() if at is not None and at["family"] != call.family
+              and at["ranks"] == list(call.ranks)
+              and (at["state"] == "agreeing" or at["step"] == call.step)
+              and at["number"] >= calls_made(call.group, at["family"])]
+    if differ:  # the same ranks, waiting for each other with different plans
+        q = differ[0]
+        return q, (f"ranks {differ} called with different plans than rank {call.me} (rank {q}: "
+                   f"{where[q]['what']}; rank {call.me}: {what}); every rank must pass the same "
+                   f"plans in the same order")
+    for q, at in where.items():
         if at is None or at["family"] == call.family:
             continue  # never called, or in an earlier, the same or a later call of this plan
         theirs = f"{at['what']} over ranks {_ranks(at['ranks'])}"
