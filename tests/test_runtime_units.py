@@ -138,6 +138,7 @@ def test_every_torch_dtype_with_an_element_size_has_a_name() -> None:
     assert dtype_name("chalf") == "complex32" and dtype_name("bit") == "uint1"
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_numpy_equivalents_hold_the_same_bytes() -> None:
     import ml_dtypes
     import torch
