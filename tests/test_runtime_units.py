@@ -118,3 +118,98 @@ def test_launch_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="divide"):
         meshcast.launch(print, 6, hosts=4)
     assert math.isfinite(meshcast.runtime.DEFAULT_TIMEOUT)
+
+
+# -- dtypes and byte views ---------------------------------------------------------------------
+def test_every_torch_dtype_with_an_element_size_has_a_name() -> None:
+    import torch
+
+    from meshcast.dtypes import dtype_name, itemsize, known_dtypes
+
+    seen = {getattr(torch, n) for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
+    quantized = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+    for dtype in seen - quantized:
+        name = dtype_name(dtype)
+        assert getattr(torch, name) is dtype and itemsize(name) == dtype.itemsize
+    assert len(known_dtypes()) == len(seen - quantized)
+    for dtype in quantized:
+        with pytest.raises(ValueError, match="quantized type"):
+            dtype_name(dtype)
+    assert dtype_name("chalf") == "complex32" and dtype_name("bit") == "uint1"
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_numpy_equivalents_hold_the_same_bytes() -> None:
+    import ml_dtypes
+    import torch
+
+    from meshcast.dtypes import numpy_dtype
+
+    values = [0.5, -2.0, 4.0, 0.25]
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                 "float8_e5m2fnuz", "float8_e8m0fnu"):
+        t = torch.tensor([abs(v) for v in values]).to(getattr(torch, name))
+        a = np.array([abs(v) for v in values], dtype=np.float32).astype(numpy_dtype(name))
+        assert t.view(torch.uint8).numpy().tobytes() == a.view(np.uint8).tobytes(), name
+    c = torch.tensor([1 + 2j, -3.5 + 0.25j]).to(torch.complex32)
+    a = np.array([1 + 2j, -3.5 + 0.25j]).astype(ml_dtypes.complex32)
+    assert c.view(torch.uint8).numpy().tobytes() == a.view(np.uint8).tobytes()
+    for name in ("uint4", "bits8", "float4_e2m1fn_x2"):
+        with pytest.raises(ValueError, match="no numpy equivalent"):
+            numpy_dtype(name)
+
+
+def test_byte_views_of_odd_layouts() -> None:
+    import torch
+
+    from meshcast.runtime.tensors import as_bytes, as_carrier
+
+    storage = torch.arange(8, dtype=torch.float32)
+    one = storage.as_strided((1, 1), (1, 4), 3)  # is_contiguous(), but stride(-1) == 4
+    assert as_bytes(one).tolist() == list(torch.tensor([3.0]).view(torch.uint8).tolist())
+    empty = torch.zeros(0, 3).t()
+    assert as_bytes(empty).numel() == 0
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    assert torch.equal(as_carrier(z.conj()).view(torch.complex64), z.conj().resolve_conj())
+    assert torch.equal(as_carrier(torch._neg_view(z)).view(torch.complex64), -z)
+    u4 = torch.arange(12, dtype=torch.uint8).view(torch.uint4).reshape(3, 4).t()
+    assert as_carrier(u4).dtype == torch.uint8 and as_carrier(u4).stride() == (1, 4)
+    with pytest.raises(ValueError, match="contiguous"):
+        as_bytes(torch.zeros(3, 4).t())
+
+
+# -- blame ---------------------------------------------------------------------------------------
+def _f(rank, kind, peer, wall, what="op 0 (broadcast from 0)", detail=""):
+    from meshcast.runtime.blame import Fault
+
+    return Fault(rank, kind, peer, what, wall, wall, detail)
+
+
+def test_diagnosis_names_a_dead_rank() -> None:
+    from meshcast.runtime.blame import diagnose
+
+    d = diagnose([_f(2, "closed", 0, 1.0), _f(1, "closed", 0, 1.1)])
+    assert d.first == (0,)
+    assert d.text.startswith("rank 0 failed first: its connections closed (the process died")
+
+
+def test_diagnosis_follows_waits_to_a_stopped_rank() -> None:
+    from meshcast.runtime.blame import diagnose
+
+    # 5 timed out on 4 first; 4 was waiting for 2 (a note); 2 never reported: it stopped.
+    # 6 saw its connection with 5 close: 5 timed out, and gloo then closes all of 5's pairs
+    faults = [_f(5, "timeout", 4, 6.0, detail="6 s"), _f(6, "closed", 5, 6.01),
+              _f(0, "timeout", 2, 6.2, detail="6 s")]
+    d = diagnose(faults, [_f(4, "waiting", 2, 1.0)])
+    assert d.first == (2,)
+    assert d.text.startswith("rank 2 failed first: it stopped responding")
+
+
+def test_diagnosis_names_a_rank_that_raised() -> None:
+    from meshcast.runtime.blame import Fault, diagnose
+
+    raised = Fault(3, "error", None, "op 2 (send 3->4)", 0.5, 0.5, "MemoryError: out of memory")
+    d = diagnose([_f(4, "closed", 3, 0.6), raised])
+    assert d.first == (3,)
+    assert d.text == ("rank 3 failed first: it raised MemoryError: out of memory in op 2 "
+                      "(send 3->4), 0.50 s into its call")

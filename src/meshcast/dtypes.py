@@ -1,4 +1,12 @@
-"""Element types, named the way torch names them, usable without importing torch."""
+"""Element types, named the way torch names them, usable without importing torch.
+
+Every torch dtype that has an element size is known by its torch name (``"float32"``,
+``"complex32"``, ``"float8_e8m0fnu"``, ``"uint4"``, ...), with its size in bytes. Where numpy can
+hold the same values (numpy itself, or ml_dtypes, the package JAX uses for bfloat16 and the
+float8 types), :func:`numpy_dtype` gives that numpy dtype; :func:`meshcast.execute_local` needs
+it. The runtime moves every type alike, as bytes. Quantized dtypes (``qint8``, ...) are refused:
+their scale and zero point live outside the data.
+"""
 
 from __future__ import annotations
 
@@ -7,43 +15,64 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTypeLike", "dtype_name", "itemsize", "numpy_dtype"]
+__all__ = ["DTypeLike", "dtype_name", "itemsize", "known_dtypes", "numpy_dtype"]
 
 DTypeLike = Any  # a name ("float32"), a numpy dtype, or a torch dtype
 
-# The element types meshcast knows, by torch's name. numpy has no bfloat16 or float8: ml_dtypes
-# (the package JAX uses for the same purpose) provides them as numpy dtypes.
-_NUMPY: dict[str, np.dtype] = {
-    name: np.dtype(t)
-    for name, t in {
-        "bool": np.bool_,
-        "uint8": np.uint8,
-        "int8": np.int8,
-        "int16": np.int16,
-        "uint16": np.uint16,
-        "int32": np.int32,
-        "uint32": np.uint32,
-        "int64": np.int64,
-        "uint64": np.uint64,
-        "float16": np.float16,
-        "float32": np.float32,
-        "float64": np.float64,
-        "complex64": np.complex64,
-        "complex128": np.complex128,
-        "bfloat16": ml_dtypes.bfloat16,
-        "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-        "float8_e5m2": ml_dtypes.float8_e5m2,
-    }.items()
+# torch name -> (bytes per element, numpy equivalent or None)
+_TYPES: dict[str, tuple[int, Any]] = {
+    "bool": (1, np.bool_),
+    "uint8": (1, np.uint8),
+    "int8": (1, np.int8),
+    "uint16": (2, np.uint16),
+    "int16": (2, np.int16),
+    "uint32": (4, np.uint32),
+    "int32": (4, np.int32),
+    "uint64": (8, np.uint64),
+    "int64": (8, np.int64),
+    "float16": (2, np.float16),
+    "float32": (4, np.float32),
+    "float64": (8, np.float64),
+    "bfloat16": (2, ml_dtypes.bfloat16),
+    "complex32": (4, ml_dtypes.complex32),  # two float16, as torch's chalf
+    "complex64": (8, np.complex64),
+    "complex128": (16, np.complex128),
+    "float8_e4m3fn": (1, ml_dtypes.float8_e4m3fn),
+    "float8_e4m3fnuz": (1, ml_dtypes.float8_e4m3fnuz),
+    "float8_e5m2": (1, ml_dtypes.float8_e5m2),
+    "float8_e5m2fnuz": (1, ml_dtypes.float8_e5m2fnuz),
+    "float8_e8m0fnu": (1, ml_dtypes.float8_e8m0fnu),
+    # no numpy equivalent with the same bytes: packed fp4 pairs, raw bit types, and torch's
+    # sub-byte integers (one element per byte, but torch has no copy for them)
+    "float4_e2m1fn_x2": (1, None),
+    "bits1x8": (1, None),
+    "bits2x4": (1, None),
+    "bits4x2": (1, None),
+    "bits8": (1, None),
+    "bits16": (2, None),
+    **{f"{sign}int{n}": (1, None) for sign in ("", "u") for n in range(1, 8)},
 }
+_NUMPY: dict[str, np.dtype] = {n: np.dtype(t) for n, (_, t) in _TYPES.items() if t is not None}
+_FROM_NUMPY: dict[str, str] = {d.name: n for n, d in _NUMPY.items()}
 _ALIASES = {
     "float": "float32",
     "double": "float64",
     "half": "float16",
     "long": "int64",
     "int": "int32",
+    "short": "int16",
     "bool_": "bool",
+    "bit": "uint1",
     "cfloat": "complex64",
+    "cdouble": "complex128",
+    "chalf": "complex32",
 }
+_QUANTIZED = ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+
+
+def known_dtypes() -> list[str]:
+    """Every dtype name meshcast accepts (torch's names), sorted."""
+    return sorted(_TYPES)
 
 
 def dtype_name(dtype: DTypeLike, *, argument: str = "dtype") -> str:
@@ -63,20 +92,34 @@ def dtype_name(dtype: DTypeLike, *, argument: str = "dtype") -> str:
             raise TypeError(
                 f"{argument} must be a dtype name, a numpy dtype or a torch dtype, got {dtype!r}"
             ) from None
+        name = _FROM_NUMPY.get(name, name)
     name = _ALIASES.get(name, name)
-    if name not in _NUMPY:
+    if name in _QUANTIZED:
+        raise ValueError(
+            f"{argument}={dtype!r} is a quantized type: its scale and zero point are not part of "
+            f"the data meshcast moves; reshard t.int_repr() and quantize the result again"
+        )
+    if name not in _TYPES:
         raise ValueError(
             f"{argument}={dtype!r} is not a supported element type; supported: "
-            f"{', '.join(sorted(_NUMPY))}"
+            f"{', '.join(known_dtypes())}"
         )
     return name
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype for a canonical dtype name (bfloat16 and float8 via ml_dtypes)."""
-    return _NUMPY[dtype_name(name)]
+    """The numpy dtype for a dtype name (bfloat16, complex32 and float8 via ml_dtypes); a
+    ``ValueError`` for the types numpy cannot hold (packed fp4, bit and sub-byte types)."""
+    canonical = dtype_name(name)
+    if canonical not in _NUMPY:
+        raise ValueError(
+            f"dtype {canonical!r} has no numpy equivalent (numpy and ml_dtypes cannot hold its "
+            f"bytes as the same values), so it cannot be used with numpy arrays "
+            f"(meshcast.execute_local, scatter); meshcast.reshard moves it as bytes"
+        )
+    return _NUMPY[canonical]
 
 
 def itemsize(name: str) -> int:
-    """Bytes per element of a canonical dtype name."""
-    return numpy_dtype(name).itemsize
+    """Bytes per element of a dtype name."""
+    return _TYPES[dtype_name(name)][0]

@@ -5,6 +5,11 @@ bucket after bucket, phase after phase. In a phase a rank posts all its receives
 message for each peer and posts its send at once (so packing the next message overlaps sending the
 previous ones), then unpacks each received message as it arrives. A message that is one contiguous
 box is sent from (or received into) the tensor itself, without a staging copy.
+
+Failures follow the runtime's rules (docs/runtime.md, "Failures"): a failed message is reported on
+the call's board, the rank goes on exchanging empty placeholders with every peer whose connection
+still works, waits for every message it posted, and raises at the end, naming the ranks that
+failed first.
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..layout import Box, box_shape
+from ..layout import Box
 from ..plan import Plan
+from ..runtime.agree import agree
+from ..runtime.board import Call, next_step
 from ..runtime.detect import real_host_map
-from ..runtime.execute import DEFAULT_TIMEOUT, _fingerprint, _torch_dtype, agree_inputs
-from ..runtime.p2p import Transport
-from .plans import DEFAULT_BUCKET_BYTES, Segment, build_schedule
+from ..runtime.execute import DEFAULT_TIMEOUT, finish_call, plan_digest, publish_refusal
+from ..runtime.p2p import Failures, PeerFault, Transport
+from ..runtime.tensors import as_carrier, check_local, empty_out, torch_dtype
+from .plans import DEFAULT_BUCKET_BYTES, Schedule, Segment, build_schedule
 
 __all__ = ["ManyStats", "last_many_stats", "reshard_many"]
 
@@ -65,38 +73,7 @@ def _msg_size(segs: Sequence[Segment]) -> int:
     return sum(_padded(s.nbytes) for s in segs[:-1]) + segs[-1].nbytes
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view(torch.uint8)
-
-
-def reshard_many(
-    tensors: Sequence[torch.Tensor | None],
-    plans: Sequence[Plan],
-    *,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    timeout: float = DEFAULT_TIMEOUT,
-    device: torch.device | str | None = None,
-    names: Sequence[str] | None = None,
-    _errors: Sequence[str] = (),
-) -> list[torch.Tensor | None]:
-    """Run ``plans[k]`` on ``tensors[k]`` for every k, together; return the destination shards.
-
-    Call it on every rank of the default process group that any plan involves, with the same
-    plans in the same order (plan ranks are global ranks). ``tensors[k]`` is this rank's source
-    shard of tensor k (None where it holds none). The result has one entry per tensor: this
-    rank's destination shard, or None. Ranks outside every plan get a list of None at once.
-
-    The operations of all plans are cut into buckets so that no rank stages (packs or unpacks)
-    more than ``bucket_bytes`` at once (:func:`meshcast.interop.plans.build_schedule`); within a
-    bucket each pair of ranks exchanges one packed message per phase. Every plan is checked
-    first (:meth:`meshcast.Plan.check`, once per plan object). Inputs are checked on every
-    rank and the plan ranks agree on the result before any data moves: a bad input raises
-    ``ValueError`` everywhere, naming the tensor (``names[k]`` when given) and the rule. Any wait
-    longer than ``timeout`` seconds raises :class:`meshcast.ReshardError`.
-    """
-    global _last
-    plans = list(plans)
-    tensors = list(tensors)
+def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: object) -> None:
     if len(tensors) != len(plans):
         raise ValueError(
             f"tensors has {len(tensors)} entries but plans has {len(plans)}: give one plan per "
@@ -113,171 +90,235 @@ def reshard_many(
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    label = [names[k] if names is not None else f"tensors[{k}]" for k in range(len(plans))]
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "meshcast.reshard_many needs torch.distributed: call init_process_group first "
             "(or run under meshcast.launch / torchrun)"
         )
+
+
+def _device(tensors: list, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    dev = next((t.device for t in tensors if isinstance(t, torch.Tensor)), None)
+    if dev is not None:
+        return dev
+    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reshard_many(
+    tensors: Sequence[torch.Tensor | None],
+    plans: Sequence[Plan],
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    timeout: float = DEFAULT_TIMEOUT,
+    device: torch.device | str | None = None,
+    names: Sequence[str] | None = None,
+    _errors: Sequence[str] = (),
+) -> list[torch.Tensor | None]:
+    """Run ``plans[k]`` on ``tensors[k]`` for every k, together; return the destination shards.
+
+    Call it on every rank of the default process group that any plan involves, with the same
+    plans in the same order (plan ranks are global ranks). ``tensors[k]`` is this rank's source
+    shard of tensor k (any strides, any dtype torch has; None where it holds none). The result has
+    one entry per tensor: this rank's destination shard, or None. Ranks outside every plan get a
+    list of None at once.
+
+    The operations of all plans are cut into buckets so that no rank stages (packs or unpacks)
+    more than ``bucket_bytes`` at once (:func:`meshcast.interop.plans.build_schedule`); within a
+    bucket each pair of ranks exchanges one packed message per phase. Inputs are checked on every
+    rank and the plan ranks agree through the store before any data moves: a bad input, or plans
+    or ``bucket_bytes`` that differ between ranks, raise ``ValueError`` everywhere at once, naming
+    the tensor (``names[k]`` when given), the rank and the rule. A failed or stopped peer, or any
+    wait longer than ``timeout`` seconds, raises :class:`meshcast.ReshardError` as
+    :func:`meshcast.reshard` does.
+    """
+    global _last
+    plans, tensors = list(plans), list(tensors)
+    try:
+        _check_arguments(tensors, plans, bucket_bytes, timeout)
+        schedule = build_schedule(plans, bucket_bytes)
+        ranks = schedule.ranks
+        if ranks and ranks[-1] >= dist.get_world_size():
+            raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has "
+                             f"{dist.get_world_size()} ranks")
+    except (TypeError, ValueError) as exc:
+        publish_refusal(None, exc)
+        raise
+    label = [names[k] if names is not None else f"tensors[{k}]" for k in range(len(plans))]
     me = dist.get_rank()
-    world = dist.get_world_size()
-    schedule = build_schedule(plans, bucket_bytes)
-    ranks = schedule.ranks
-    if ranks and ranks[-1] >= world:
-        raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has {world} ranks")
     errors = list(_errors)
     if me not in ranks:
         if errors:
             raise ValueError(f"meshcast.reshard_many on rank {me}: {errors[0]}")
         for k, t in enumerate(tensors):
             if t is not None:
-                raise ValueError(
-                    f"{label[k]} must be None on rank {me}: no plan involves this rank"
-                )
+                raise ValueError(f"{label[k]} must be None on rank {me}: no plan involves this "
+                                 f"rank")
+        next_step(dist.group.WORLD)
         _last = ManyStats()
         return [None] * len(plans)
 
-    dtypes = [_torch_dtype(p.task.dtype) for p in plans]
-    dev = torch.device(device) if device is not None else None
-    if dev is None:
-        dev = next((t.device for t in tensors if isinstance(t, torch.Tensor)), None)
-    if dev is None:
-        backend = str(dist.get_backend())
-        dev = (
-            torch.device("cuda", torch.cuda.current_device())
-            if ("nccl" in backend and torch.cuda.is_available())
-            else torch.device("cpu")
-        )
-    src_boxes = [p.task.src_box(me) for p in plans]
-    for k, (t, box) in enumerate(zip(tensors, src_boxes)):
-        why = _check(t, box, plans[k], me, dtypes[k], dev)
-        if why is not None:
-            errors.append(f"{label[k]}: {why}")
+    call, dev = _join(tensors, plans, ranks, me, errors, label, bucket_bytes, timeout, device)
 
-    # agree before any data moves, with the runtime's transport and check: point-to-point on
-    # the default group (no process group is created), every rank's error flag and plans' digest
     host_of: dict[int, int] = {}
     for p in plans:
         for r, h in p.topology._host_of.items():
             host_of.setdefault(r, h)
     host_of = real_host_map(ranks, host_of)  # the byte counters count by the real hosts
-    transport = Transport(
-        dist.group.WORLD, me, lambda r: r, host_of, timeout, caller="meshcast.reshard_many"
-    )
+    transport = Transport(dist.group.WORLD, me, lambda r: r, host_of, float(timeout))
+    failures = Failures(call, float(timeout))
+    run = _Exchange(plans, schedule, me, tensors, dev, transport, failures)
+    run.run()
+    finish_call(call, failures)
+    _last = run.stats
+    return [None if o is None else o.view(torch_dtype(p.task.dtype))
+            for o, p in zip(run.outs, plans)]
+
+
+def _join(
+    tensors: list, plans: list[Plan], ranks: Sequence[int], me: int, errors: list[str],
+    label: list[str], bucket_bytes: int, timeout: float, device: torch.device | str | None,
+) -> tuple[Call, torch.device]:
+    """Check this rank's shards and agree with the plans' ranks (raises on every rank if any
+    rank cannot go ahead); the call and the results' device."""
+    dev = _device(tensors, device)
+    for k, t in enumerate(tensors):
+        p = plans[k]
+        why = check_local(t, p.task.src_box(me), p.task, me, torch_dtype(p.task.dtype), dev)
+        if why is not None:
+            errors.append(f"{label[k]} {why}")
+    digest = _plans_digest(plans, bucket_bytes)
+    call = Call(dist.group.WORLD, ranks, me, "meshcast.reshard_many", float(timeout), digest)
     error = None
     if errors:
         error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
-    agree_inputs(transport, list(ranks), error, _plans_digest(plans), dev, "meshcast.reshard_many")
-
-    dst_boxes = [p.task.dst_box(me) for p in plans]
-    outs: list[torch.Tensor | None] = [
-        None if b is None else torch.empty(box_shape(b), dtype=dtypes[k], device=dev)
-        for k, b in enumerate(dst_boxes)
-    ]
-    for k, box in schedule.copies_of(me):
-        outs[k][_rel(box, dst_boxes[k])].copy_(tensors[k][_rel(box, src_boxes[k])])
-
-    stats = ManyStats(buckets=len(schedule.buckets))
-
-    def view(seg: Segment, side: str) -> torch.Tensor:
-        if side == "src" and not seg.from_out:
-            return tensors[seg.tensor][_rel(seg.box, src_boxes[seg.tensor])]
-        return outs[seg.tensor][_rel(seg.box, dst_boxes[seg.tensor])]
-
-    def wait(w: dist.Work, what: str, peer: int) -> None:
-        transport.wait(w, f"{what} with rank {peer}", (me, peer))
-
-    tag = _TAG_BASE
-    for bucket in schedule.buckets:
-        staged = 0
-        for phase in bucket:
-            tag += 1
-            sends, recvs = phase.sends_of(me), phase.recvs_of(me)
-            if not sends and not recvs:
-                continue
-            stats.phases += 1
-            posted_recvs = []
-            for peer, segs in recvs:
-                if len(segs) == 1:
-                    v = view(segs[0], "dst")
-                    if v.is_contiguous():
-                        w = transport.irecv(v, peer, tag)
-                        posted_recvs.append((peer, segs, None, w))
-                        stats.zero_copy_messages += 1
-                        stats.bytes_received += segs[0].nbytes
-                        continue
-                buf = torch.empty(_msg_size(segs), dtype=torch.uint8, device=dev)
-                staged += buf.numel()
-                w = transport.irecv(buf, peer, tag)
-                posted_recvs.append((peer, segs, buf, w))
-                stats.bytes_received += sum(s.nbytes for s in segs)
-            posted_sends = []
-            for peer, segs in sends:
-                if len(segs) == 1 and view(segs[0], "src").is_contiguous():
-                    buf = _as_bytes(view(segs[0], "src"))
-                    stats.zero_copy_messages += 1
-                else:
-                    buf = torch.empty(_msg_size(segs), dtype=torch.uint8, device=dev)
-                    staged += buf.numel()
-                    off = 0
-                    for s in segs:
-                        src = view(s, "src")
-                        buf[off : off + s.nbytes].view(src.dtype).view(src.shape).copy_(src)
-                        off += _padded(s.nbytes)
-                nbytes = sum(s.nbytes for s in segs)
-                stats.messages_sent += 1
-                stats.bytes_sent += nbytes
-                posted_sends.append((peer, transport.isend(buf, peer, tag, payload=nbytes), buf))
-            stats.peak_staging_bytes = max(stats.peak_staging_bytes, staged)
-            for peer, segs, buf, w in posted_recvs:
-                wait(w, "a receive", peer)
-                if buf is None:
-                    continue
-                off = 0
-                for s in segs:
-                    dst = view(s, "dst")
-                    dst.copy_(buf[off : off + s.nbytes].view(dst.dtype).view(dst.shape))
-                    off += _padded(s.nbytes)
-            for peer, w, _ in posted_sends:
-                wait(w, "a send", peer)
-            staged = 0
-        stats.per_bucket_staging.append(stats.peak_staging_bytes)
-    _last = stats
-    return outs
+    agree(call, {
+        "plan": digest, "error": error, "options": {"bucket_bytes": bucket_bytes},
+        "what": f"{len(plans)} plans, the first {plans[0].task.describe()}",
+    })
+    return call, dev
 
 
-def _plans_digest(plans: Sequence[Plan]) -> int:
-    """A 31-bit digest of the plans in order, equal on every rank that holds the same plans."""
-    h = hashlib.sha1()
+def _plans_digest(plans: Sequence[Plan], bucket_bytes: int) -> str:
+    """A digest of the plans in order and the bucket size (it decides the messages), equal on
+    every rank that holds the same plans."""
+    h = hashlib.sha1(str(bucket_bytes).encode())
     for p in plans:
-        h.update(_fingerprint(p).to_bytes(4, "little"))
-    return int.from_bytes(h.digest()[:4], "little") >> 1
+        h.update(plan_digest(p).encode())
+    return h.hexdigest()[:16]
 
 
-def _check(
-    t: object, box: Box | None, plan: Plan, me: int, dtype: torch.dtype, dev: torch.device
-) -> str | None:
-    task = plan.task
-    if box is None:
-        if t is not None:
-            return (
-                f"must be None on rank {me}: it is not in the source mesh "
-                f"{task.src.mesh.notation()}, got {type(t).__name__}"
-            )
-        return None
-    if not isinstance(t, torch.Tensor):
-        return (
-            f"must be a torch.Tensor on rank {me} (it holds part of {task.describe()}), got "
-            f"{type(t).__name__}"
-        )
-    if t.dtype != dtype:
-        return f"has dtype {t.dtype} on rank {me}; its layout declares {dtype}"
-    want = box_shape(box)
-    if tuple(t.shape) != want:
-        return (
-            f"has shape {tuple(t.shape)} on rank {me}; its declared layout "
-            f"{task.src.notation()} of global shape {task.shape} gives this rank {want}"
-        )
-    if t.device != dev:
-        return f"is on device {t.device} on rank {me}; expected {dev}"
-    return None
+class _Exchange:
+    """This rank's part of a schedule on carrier tensors (runtime/tensors.py)."""
+
+    def __init__(self, plans: list[Plan], schedule: Schedule, me: int, tensors: list,
+                 dev: torch.device, transport: Transport, failures: Failures) -> None:
+        self.schedule, self.me, self.dev = schedule, me, dev
+        self.transport, self.failures = transport, failures
+        self.src_boxes = [p.task.src_box(me) for p in plans]
+        self.dst_boxes = [p.task.dst_box(me) for p in plans]
+        self.srcs = [None if t is None else as_carrier(t) for t in tensors]
+        self.outs: list[torch.Tensor | None] = [
+            None if b is None else empty_out(b, p.task.itemsize, dev)
+            for p, b in zip(plans, self.dst_boxes)
+        ]
+        self.stats = ManyStats(buckets=len(schedule.buckets))
+
+    def view(self, seg: Segment, side: str) -> torch.Tensor:
+        if side == "src" and not seg.from_out:
+            return self.srcs[seg.tensor][_rel(seg.box, self.src_boxes[seg.tensor])]
+        return self.outs[seg.tensor][_rel(seg.box, self.dst_boxes[seg.tensor])]
+
+    def run(self) -> None:
+        for k, box in self.schedule.copies_of(self.me):
+            self.outs[k][_rel(box, self.dst_boxes[k])].copy_(
+                self.srcs[k][_rel(box, self.src_boxes[k])])
+        tag = _TAG_BASE
+        for bucket in self.schedule.buckets:
+            for phase in bucket:
+                tag += 1
+                sends, recvs = phase.sends_of(self.me), phase.recvs_of(self.me)
+                if not sends and not recvs:
+                    continue
+                self.stats.phases += 1
+                what = f"bucket {len(self.stats.per_bucket_staging)} (tag {tag})"
+                try:
+                    self._phase(sends, recvs, tag, what)
+                except Exception as exc:  # a bug or a resource error: the others still finish
+                    self.failures.error(what, exc)
+            self.stats.per_bucket_staging.append(self.stats.peak_staging_bytes)
+
+    def _phase(self, sends: list, recvs: list, tag: int, what: str) -> None:
+        """Post, complete and unpack one phase's messages."""
+        posted_recvs = []
+        for peer, segs in recvs:
+            if self.failures.closed(peer):
+                continue
+            try:
+                posted_recvs.append(self._post_recv(peer, segs, tag, what))
+            except PeerFault as fault:
+                self.failures.peer(fault)
+        posted_sends = []
+        for peer, segs in sends:
+            if not self.failures.sendable(peer):
+                continue
+            try:
+                posted_sends.append(self._post_send(peer, segs, tag, what))
+            except PeerFault as fault:
+                self.failures.peer(fault)
+        staged = sum(b.numel() for _, _, b, _ in posted_recvs if b is not None)
+        staged += sum(b.numel() for _, _, b, _ in posted_sends if b is not None)
+        self.stats.peak_staging_bytes = max(self.stats.peak_staging_bytes, staged)
+        for peer, segs, buf, w in posted_recvs:
+            try:
+                self.transport.wait(w, peer, f"{what}: a receive from rank {peer}")
+            except PeerFault as fault:
+                self.failures.peer(fault)
+                continue
+            if buf is not None and not self.failures.degraded.is_set():
+                self._unpack(segs, buf)
+        for peer, _, _, w in posted_sends:
+            try:
+                self.transport.wait(w, peer, f"{what}: a send to rank {peer}")
+            except PeerFault as fault:
+                self.failures.peer(fault)
+
+    def _post_recv(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> tuple:
+        stats = self.stats
+        stats.bytes_received += sum(s.nbytes for s in segs)
+        if len(segs) == 1:
+            v = self.view(segs[0], "dst")
+            if v.is_contiguous():
+                stats.zero_copy_messages += 1
+                return peer, segs, None, self.transport.irecv(v, peer, tag, what)
+        buf = torch.empty(_msg_size(segs), dtype=torch.uint8, device=self.dev)
+        return peer, segs, buf, self.transport.irecv(buf, peer, tag, what)
+
+    def _post_send(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> tuple:
+        if self.failures.degraded.is_set():
+            return peer, segs, None, self.transport.stub(peer, tag, what)
+        staged = None
+        if len(segs) == 1 and self.view(segs[0], "src").is_contiguous():
+            buf = self.view(segs[0], "src")
+            self.stats.zero_copy_messages += 1
+        else:
+            buf = staged = torch.empty(_msg_size(segs), dtype=torch.uint8, device=self.dev)
+            off = 0
+            for s in segs:
+                src = self.view(s, "src")
+                buf[off : off + s.nbytes].view(src.dtype).view(src.shape).copy_(src)
+                off += _padded(s.nbytes)
+        nbytes = sum(s.nbytes for s in segs)
+        self.stats.messages_sent += 1
+        self.stats.bytes_sent += nbytes
+        return peer, segs, staged, self.transport.isend(buf, peer, tag, what, payload=nbytes)
+
+    def _unpack(self, segs: tuple[Segment, ...], buf: torch.Tensor) -> None:
+        off = 0
+        for s in segs:
+            dst = self.view(s, "dst")
+            dst.copy_(buf[off : off + s.nbytes].view(dst.dtype).view(dst.shape))
+            off += _padded(s.nbytes)

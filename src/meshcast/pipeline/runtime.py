@@ -333,6 +333,20 @@ class PipelineRuntime:
         with contextlib.suppress(Exception):  # the first failure wins: later ones follow from it
             self._store.compare_set(self._abort_key, "", text)
 
+    def _abort_reason(self) -> str | None:
+        """Why this step was given up (here, or on another rank), or None: handed to the
+        boundary reshards so that their input agreement stops at once."""
+        if self._abort.is_set():
+            return (f"rank {self.rank} (stage {self.stage}) gave up the step: "
+                    f"{self._errors[0] if self._errors else 'aborted'}")
+        now = time.monotonic()
+        if now >= self._next_remote:
+            self._next_remote = now + REMOTE_POLL_S
+            remote = self._remote_abort()
+            if remote is not None:
+                return f"rank {self.rank} (stage {self.stage}) gave up the step, because {remote}"
+        return None
+
     def _wait(self, event: threading.Event, what: str, ranks: Sequence[int]) -> None:
         """Wait for ``event`` at most ``timeout``; raise early if this step aborts anywhere."""
         deadline = time.monotonic() + self.timeout
@@ -380,15 +394,18 @@ class PipelineRuntime:
                         full = slot.value
                         assert full is not None
                         local = full[t.send_layout.box(self.rank, t.edge.shape)]
-                    reshard(local, t.plan, group=group, timeout=self.timeout)
+                    reshard(local, t.plan, group=group, timeout=self.timeout,
+                            _abort=self._abort_reason)
                     slot.value = None
                     slot.done.set()
                 else:
-                    got = reshard(None, t.plan, group=group, timeout=self.timeout)
+                    got = reshard(None, t.plan, group=group, timeout=self.timeout,
+                                  _abort=self._abort_reason)
                     if self.free_communication:
                         got = self._standin(t.kind, t.edge).clone()
                     elif t.gather is not None:
-                        got = reshard(got, t.gather, group=group, timeout=self.timeout)
+                        got = reshard(got, t.gather, group=group, timeout=self.timeout,
+                                      _abort=self._abort_reason)
                     slot = self._inbox[key]
                     slot.value = got
                     slot.ready.set()
@@ -418,6 +435,7 @@ class PipelineRuntime:
         if self.stage is None:
             return StepResult(None)
         self._abort = threading.Event()
+        self._next_remote = time.monotonic() + REMOTE_POLL_S
         self._errors: list[BaseException] = []
         self._count = 0
         self._lock = threading.Lock()
@@ -455,6 +473,11 @@ class PipelineRuntime:
                 self._publish_abort(
                     f"rank {self.rank} (stage {self.stage}) failed: {type(exc).__name__}: {exc}")
             self._abort.set()
+            # the communication threads stop at once (their reshards see the abort) or within
+            # one transfer's timeout: none may outlive the step (clean exit)
+            deadline = time.monotonic() + self.timeout
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
             if isinstance(exc, ReshardError | PipelineError | ValueError | TypeError):
                 raise
             raise PipelineError(

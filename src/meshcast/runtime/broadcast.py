@@ -6,22 +6,26 @@ leader of the next receiving host; each leader receives chunk by chunk from the 
 and, as soon as a chunk is in, forwards it to the next leader and to its own host's receivers.
 Chunks pipeline along the chain, so it runs at link speed and the data enters each host once.
 A leader's relay runs in its own thread so that the rank's other operations are not held up.
+
+A relay whose feeder fails keeps going: it still forwards one message per chunk to each target,
+an empty placeholder once the failure is reported (p2p.py), so that its host's receivers finish
+at once, find the report and raise, instead of waiting out the timeout.
 """
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..layout import Box, box_size
 from ..plan import Broadcast
 from .chunks import chunk_boxes, relative
-from .p2p import Budget, Pending, Transport
+from .p2p import Budget, Failures, PeerFault, Pending, Transport
 
-__all__ = ["chain_role", "relay"]
+__all__ = ["Relay", "chain_role"]
 
 
 def chain_role(
@@ -43,83 +47,137 @@ def chain_role(
     raise ValueError(f"rank {me} is not in the broadcast chain {chain}")
 
 
-def relay(
-    transport: Transport,
-    budget: Budget,
-    out: torch.Tensor,
-    out_box: Box,
-    op: Broadcast,
-    index: int,
-    feeder: int,
-    targets: list[int],
-    chunk_bytes: int,
-    window: int,
-    errors: list[BaseException],
-    failed: threading.Event,
-    done: Pending,
-) -> None:
-    """Body of a leader's relay thread: receive ``op.box`` from ``feeder`` into ``out`` chunk by
-    chunk and forward every chunk to ``targets``. At most ``window`` chunks are being received
-    and ``window`` being forwarded; packed buffers (only where a chunk is not contiguous in
-    ``out``) count against ``budget``.
+@dataclass
+class Relay:
+    """A leader's relay of ``op.box``: receive it from ``feeder`` into ``out`` chunk by chunk and
+    forward every chunk to ``targets``. At most ``window`` chunks are being received and
+    ``window`` being forwarded; packed buffers (only where a chunk is not contiguous in ``out``)
+    count against ``budget``. :meth:`run` is the body of the relay's thread; ``done`` is set when
+    it has finished every message it posted.
 
     The relay never waits for memory while it has messages of its own in flight (only this thread
     completes them): when the budget is full it first finishes what it has in flight, then takes
     one chunk's buffer even over the limit. So it depends only on its feeder and its targets,
     which keeps small budgets deadlock-free (docs/runtime.md, "small budget")."""
-    ranks = op.ranks()
-    try:
-        itemsize = out.element_size()
-        chunks = chunk_boxes(op.box, itemsize, chunk_bytes)
-        receiving: deque = deque()
-        forwarding: deque = deque()
 
-        def post(k: int) -> bool:
-            """Post the receive of chunk ``k``; False (nothing posted) if its buffer does not
-            fit the budget now while this relay has messages in flight."""
-            view = out[relative(chunks[k], out_box)]
-            extra = 0
-            if view.is_contiguous():
-                buf = view
+    transport: Transport
+    budget: Budget
+    failures: Failures
+    out: torch.Tensor
+    out_box: Box
+    op: Broadcast
+    index: int
+    feeder: int
+    targets: list[int]
+    chunk_bytes: int
+    window: int
+    done: Pending
+
+    def __post_init__(self) -> None:
+        self.chunks = chunk_boxes(self.op.box, self.out.element_size(), self.chunk_bytes)
+        self.receiving: deque = deque()
+        self.forwarding: deque = deque()
+        self.what = f"op {self.index} (broadcast from {self.op.src})"
+        self.waiting: tuple[int | None, str] = (self.feeder, self.what)
+        self.done.current = lambda: self.waiting
+        self._scratch: torch.Tensor | None = None
+
+    def run(self) -> None:
+        """Relay every chunk (the thread's body); failures go to ``failures``."""
+        try:
+            self._loop()
+        except BaseException as exc:
+            self.failures.error(f"{self.what}: relay", exc)
+        finally:  # after an unexpected error: still complete whatever was posted
+            while self.receiving:
+                _, _, _, work, extra = self.receiving.popleft()
+                if work is not None:
+                    try:
+                        self.transport.wait(work, self.feeder, self.what)
+                    except PeerFault as fault:
+                        self.failures.peer(fault)
+                self.budget.release(extra)
+            while self.forwarding:
+                self._finish_forward()
+            self.done.done.set()
+
+    def _loop(self) -> None:
+        nxt = 0
+        while nxt < len(self.chunks) or self.receiving or self.forwarding:
+            while nxt < len(self.chunks) and len(self.receiving) < self.window and self._post(nxt):
+                nxt += 1
+            if not self.receiving:  # the budget refused a chunk: free what this relay holds
+                self._finish_forward()
+                continue
+            k, view, buf, work, extra = self.receiving.popleft()
+            what = f"{self.what}: chunk {k + 1}/{len(self.chunks)} from {self.feeder}"
+            if work is not None:
+                self.waiting = (self.feeder, what)
+                try:
+                    self.transport.wait(work, self.feeder, what)
+                    if buf is not view and extra:
+                        view.copy_(buf)
+                except PeerFault as fault:
+                    self.failures.peer(fault)
+            self.forwarding.append((k, self._forward(k, buf), extra))
+            while len(self.forwarding) > self.window or (
+                self.forwarding and not self.receiving and nxt == len(self.chunks)
+            ):
+                self._finish_forward()
+
+    def _post(self, k: int) -> bool:
+        """Post the receive of chunk ``k``; False (nothing posted) if its buffer does not fit the
+        budget now while this relay has messages in flight."""
+        view = self.out[relative(self.chunks[k], self.out_box)]
+        extra, buf, work = 0, view, None
+        if not view.is_contiguous():
+            nbytes = box_size(self.chunks[k]) * view.element_size()
+            if self.failures.degraded.is_set():
+                buf = self._scratch_for(nbytes, view)  # the data is lost anyway
             else:
-                extra = box_size(chunks[k]) * itemsize
-                if receiving or forwarding:
-                    if not budget.try_acquire(extra):
+                if self.receiving or self.forwarding:
+                    if not self.budget.try_acquire(nbytes):
                         return False
                 else:
-                    budget.acquire(extra, alone=True)
+                    self.budget.acquire(nbytes, alone=True)
+                extra = nbytes
                 buf = torch.empty(view.shape, dtype=view.dtype, device=view.device)
-            work = transport.irecv(buf, feeder, index)
-            receiving.append((k, view, buf, work, extra))
-            return True
+        if not self.failures.closed(self.feeder):
+            what = f"{self.what}: chunk {k + 1}/{len(self.chunks)} from {self.feeder}"
+            try:
+                work = self.transport.irecv(buf, self.feeder, self.index, what)
+            except PeerFault as fault:
+                self.failures.peer(fault)
+        self.receiving.append((k, view, buf, work, extra))
+        return True
 
-        def finish_forward() -> None:
-            k, sends, extra = forwarding.popleft()
-            for t, w in zip(targets, sends):
-                what = f"op {index} (broadcast from {op.src}): forwarding chunk {k + 1} to {t}"
-                transport.wait(w, what, ranks)
-            budget.release(extra)
+    def _scratch_for(self, nbytes: int, view: torch.Tensor) -> torch.Tensor:
+        if self._scratch is None or self._scratch.numel() < nbytes:
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=view.device)
+        return self._scratch[:nbytes]
 
-        nxt = 0
-        while nxt < len(chunks) or receiving or forwarding:
-            while nxt < len(chunks) and len(receiving) < window and post(nxt):
-                nxt += 1
-            if not receiving:  # the budget refused a chunk: free what this relay holds
-                finish_forward()
+    def _forward(self, k: int, buf: torch.Tensor) -> list[tuple[int, object]]:
+        sends = []
+        for t in self.targets:
+            if not self.failures.sendable(t):
                 continue
-            k, view, buf, work, extra = receiving.popleft()
-            what = (
-                f"op {index} (broadcast from {op.src}): chunk {k + 1}/{len(chunks)} from {feeder}"
-            )
-            transport.wait(work, what, ranks)
-            if buf is not view:
-                view.copy_(buf)
-            forwarding.append((k, [transport.isend(buf, t, index) for t in targets], extra))
-            while len(forwarding) > window or (forwarding and not receiving and nxt == len(chunks)):
-                finish_forward()
-    except BaseException as exc:
-        errors.append(exc)
-        failed.set()
-        budget.wake()
-    finally:
-        done.done.set()
+            what = f"{self.what}: forwarding chunk {k + 1} to {t}"
+            try:
+                if self.failures.degraded.is_set():
+                    sends.append((t, self.transport.stub(t, self.index, what)))
+                else:
+                    sends.append((t, self.transport.isend(buf, t, self.index, what)))
+            except PeerFault as fault:
+                self.failures.peer(fault)
+        return sends
+
+    def _finish_forward(self) -> None:
+        k, sends, extra = self.forwarding.popleft()
+        for t, w in sends:
+            what = f"{self.what}: forwarding chunk {k + 1} to {t}"
+            self.waiting = (t, what)
+            try:
+                self.transport.wait(w, t, what)
+            except PeerFault as fault:
+                self.failures.peer(fault)
+        self.budget.release(extra)

@@ -6,9 +6,16 @@ __all__ = ["ReshardError"]
 
 
 class ReshardError(RuntimeError):
-    """A transfer failed or timed out; the message names this rank, the operation and the ranks
-    involved. ``ranks`` holds those ranks (plan ranks)."""
+    """A transfer failed or timed out; the message names this rank, the ranks that failed first,
+    what they and this rank were doing, and the elapsed time.
 
-    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
+    ``ranks`` holds the ranks involved (plan ranks), ``failed`` the ones that failed first (a
+    rank that died, stopped or raised; empty where that is unknown).
+    """
+
+    def __init__(
+        self, message: str, ranks: tuple[int, ...] = (), failed: tuple[int, ...] = ()
+    ) -> None:
         super().__init__(message)
-        self.ranks = ranks
+        self.ranks = tuple(ranks)
+        self.failed = tuple(failed)

@@ -17,6 +17,7 @@ from ..layout import Box, box_size
 from ..plan import AllGather, Broadcast, Copy, Plan, Send
 from .chunks import boxes_overlap, chunk_boxes, relative
 from .errors import ReshardError
+from .tensors import as_bytes
 
 __all__ = ["run_nccl"]
 
@@ -32,7 +33,8 @@ def run_nccl(
     chunk_bytes: int,
     max_inflight_bytes: int,
 ) -> None:
-    """Run this rank's operations of ``plan`` on NCCL (see the module docstring)."""
+    """Run this rank's operations of ``plan`` on NCCL (see the module docstring); ``local`` and
+    ``out`` are carrier tensors (tensors.py)."""
     from .groups import group_cache
 
     task = plan.task
@@ -76,9 +78,6 @@ def run_nccl(
         if fill:
             return view.contiguous(), True
         return torch.empty_like(view, memory_format=torch.contiguous_format), True
-
-    def as_bytes(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1).view(torch.uint8)
 
     for i in my_ops:
         op = plan.ops[i]

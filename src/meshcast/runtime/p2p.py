@@ -1,9 +1,16 @@
 """Point-to-point machinery for gloo (or any backend with tagged isend/irecv): a transport that
-counts bytes, a memory budget, and a reaper thread that completes posted messages in order.
+counts bytes and names the peer of every failure, a memory budget, a reaper thread that completes
+posted messages in order, and :class:`Failures`, what one rank knows about a failing call.
 
 Every message is a contiguous tensor viewed as bytes, so any dtype travels the same way. A box
 that is contiguous in its shard is sent or received in place; otherwise it is packed into (or
 unpacked from) one buffer whose bytes count against the budget until the message completes.
+
+Every posted message is completed (or fails) before the call returns or raises: nothing is left
+pending in the backend and no thread outlives the call. A gloo wait cannot be interrupted, so a
+rank never abandons a message it posted to a live peer; after a failure it keeps exchanging its
+messages with every peer whose connection still works, sending empty placeholders instead of
+data (a receive accepts a shorter message), and reports the failure on the call's board first.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,18 +26,35 @@ import torch
 import torch.distributed as dist
 
 from ..layout import Box
+from .blame import Fault
+from .board import Call
 from .errors import ReshardError
 from .stats import record_send
+from .tensors import as_bytes
 
-__all__ = ["Budget", "Pending", "Reaper", "Transport"]
+__all__ = ["Budget", "Failures", "PeerFault", "Pending", "Reaper", "Transport"]
+
+NOTE_S = 1.0
+"""A rank waiting longer than this (or a quarter of the timeout) for a peer leaves a note."""
+SLICE_S = 0.2
+"""How often a rank waiting for a posted message looks at the clock."""
+
+
+class PeerFault(Exception):
+    """A message with ``peer`` failed: ``kind`` is ``"closed"`` or ``"timeout"``."""
+
+    def __init__(self, kind: str, peer: int, what: str, detail: str) -> None:
+        super().__init__(f"{what}: {detail}")
+        self.kind, self.peer, self.what, self.detail = kind, peer, what, detail
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
 
 
 class Transport:
-    """Tagged isend/irecv between plan ranks over one process group, with byte counters.
-
-    Used by :func:`meshcast.reshard` and :func:`meshcast.reshard_many`; ``caller`` names the
-    function in error messages.
-    """
+    """Tagged isend/irecv between plan ranks over one process group, with byte counters."""
 
     def __init__(
         self,
@@ -38,72 +63,126 @@ class Transport:
         to_global: Callable[[int], int],
         host_of: dict[int, int],
         timeout: float,
-        caller: str = "meshcast.reshard",
     ) -> None:
         self.group = group
         self.me = me
         self.to_global = to_global
         self.host_of = host_of
         self.timeout = timeout
-        self.caller = caller
         self._timedelta = datetime.timedelta(seconds=timeout)
-
-    @staticmethod
-    def _bytes(buf: torch.Tensor) -> torch.Tensor:
-        return buf.reshape(-1).view(torch.uint8)
+        self._stub = torch.empty(0, dtype=torch.uint8)
 
     def isend(
-        self, buf: torch.Tensor, peer: int, tag: int, count: bool = True,
-        payload: int | None = None,
+        self, buf: torch.Tensor, peer: int, tag: int, what: str, payload: int | None = None
     ) -> dist.Work:
-        """Post the send of contiguous ``buf`` to plan rank ``peer`` (``count``: add it to the
-        transfer statistics, as ``payload`` bytes if given, else the whole buffer)."""
-        data = self._bytes(buf)
-        if count:
-            nbytes = data.numel() if payload is None else payload
-            record_send(peer, nbytes, self.host_of.get(peer) != self.host_of.get(self.me))
-        try:
-            return dist.isend(data, dst=self.to_global(peer), group=self.group, tag=tag)
-        except Exception as exc:
-            raise self._post_error("sending to", peer, tag, exc) from exc
+        """Post the send of contiguous ``buf`` to plan rank ``peer``, counted in the transfer
+        statistics (as ``payload`` bytes if given, else the whole buffer)."""
+        data = as_bytes(buf)
+        nbytes = data.numel() if payload is None else payload
+        record_send(peer, nbytes, self.host_of.get(peer) != self.host_of.get(self.me))
+        return self._post(dist.isend, data, peer, tag, what)
 
-    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> dist.Work:
+    def stub(self, peer: int, tag: int, what: str) -> dist.Work:
+        """Post an empty placeholder for a message to ``peer`` (after a failure)."""
+        return self._post(dist.isend, self._stub, peer, tag, what)
+
+    def irecv(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> dist.Work:
         """Post the receive of contiguous ``buf`` from plan rank ``peer``."""
+        return self._post(dist.irecv, as_bytes(buf), peer, tag, what)
+
+    def _post(self, fn, data: torch.Tensor, peer: int, tag: int, what: str) -> dist.Work:
+        key = "dst" if fn is dist.isend else "src"
         try:
-            return dist.irecv(self._bytes(buf), src=self.to_global(peer), group=self.group, tag=tag)
+            return fn(data, group=self.group, tag=tag, **{key: self.to_global(peer)})
         except Exception as exc:
-            raise self._post_error("receiving from", peer, tag, exc) from exc
+            raise PeerFault("closed", peer, what, _first_line(exc)) from exc
 
-    def _post_error(self, verb: str, peer: int, tag: int, exc: Exception) -> ReshardError:
-        ranks = (self.me, peer)
-        return ReshardError(
-            f"{self.caller} on rank {self.me}: {verb} rank {peer} (tag {tag}) failed "
-            f"(ranks involved: {list(ranks)}): {exc}",
-            ranks,
-        )
-
-    def wait(self, work: dist.Work, what: str, ranks: tuple[int, ...]) -> None:
-        """Wait for ``work`` at most ``timeout``; raise :class:`ReshardError` naming ``ranks``."""
+    def wait(self, work: dist.Work, peer: int, what: str) -> None:
+        """Wait for ``work`` (a message with ``peer``) at most ``timeout``."""
         try:
             work.wait(self._timedelta)
         except Exception as exc:
-            raise ReshardError(
-                f"{self.caller} on rank {self.me}: {what} did not complete within "
-                f"{self.timeout:g} s (ranks involved: {list(ranks)}): {exc}",
-                ranks,
-            ) from exc
+            detail = _first_line(exc)
+            kind = "timeout" if "timed out waiting" in detail.lower() else "closed"
+            raise PeerFault(kind, peer, what, detail) from exc
+
+
+class Failures:
+    """What this rank knows about failures in one call: its faults (each reported on the call's
+    board before anything else happens), the peers whose connection broke, and whether the rank
+    now sends placeholders (``degraded``).
+
+    A gloo wait that times out closes every connection of the process group on this rank, not
+    just the one it waited on ("Application timeout caused pair closure"): after a time-out the
+    rank exchanges nothing more (``all_closed``) and the failures that follow are not reported.
+    """
+
+    def __init__(self, call: Call, timeout: float) -> None:
+        self.call = call
+        self.timeout = timeout
+        self.faults: list[Fault] = []
+        self.broken: set[int] = set()
+        self.all_closed = False
+        self.degraded = threading.Event()
+        self.reported = False
+        self._told: set[int | None] = set()
+        self._lock = threading.Lock()
+
+    def peer(self, fault: PeerFault) -> None:
+        """Record a failed message with a peer."""
+        detail = f"{self.timeout:g} s" if fault.kind == "timeout" else fault.detail
+        consequence = self.all_closed and fault.kind == "closed"
+        self._record(self.call.fault(fault.kind, fault.peer, fault.what, detail), consequence)
+
+    def error(self, what: str, exc: BaseException) -> None:
+        """Record an exception of this rank's own."""
+        self._record(self.call.fault("error", None, what, f"{type(exc).__name__}: "
+                                                          f"{_first_line(exc)}"))
+
+    def _record(self, fault: Fault, consequence: bool = False) -> None:
+        with self._lock:
+            self.faults.append(fault)
+            if fault.peer is not None:
+                self.broken.add(fault.peer)
+            if fault.kind == "timeout":
+                self.all_closed = True
+            # one report per peer: later failures with it follow from the first
+            tell = not consequence and (fault.peer is None or fault.peer not in self._told)
+            self._told.add(fault.peer)
+        if tell and self.call.report(fault):
+            self.reported = True
+        self.degraded.set()  # after the report: placeholders only ever follow a report
+
+    def closed(self, peer: int) -> bool:
+        """Whether this rank's connection with ``peer`` is known to be closed."""
+        return self.all_closed or peer in self.broken
+
+    def sendable(self, peer: int) -> bool:
+        """Whether this rank still sends to ``peer`` (data, or a placeholder when degraded)."""
+        return not self.closed(peer) and (self.reported or not self.degraded.is_set())
+
+    def wait(self, item: Pending) -> None:
+        """Wait (the main thread) until ``item`` is complete, leaving a note while it is slow."""
+        started, noted = time.monotonic(), False
+        limit = min(NOTE_S, self.timeout / 4)
+        while not item.done.wait(SLICE_S):
+            if not noted and time.monotonic() - started > limit:
+                peer, what = item.waiting_on()
+                self.call.note_waiting(self.call.fault("waiting", peer, what))
+                noted = True
+        if noted and not self.faults:  # after a failure the note stays: it shows the chain
+            self.call.note_waiting(None)
 
 
 class Budget:
     """Bytes of pack/unpack buffers in flight on this rank, at most ``limit`` (one item may
     always proceed alone, so progress never stops)."""
 
-    def __init__(self, limit: int, failed: threading.Event, timeout: float) -> None:
+    def __init__(self, limit: int, timeout: float) -> None:
         self.limit = limit
         self.used = 0
         self.peak = 0
         self._cond = threading.Condition()
-        self._failed = failed
         self._timeout = timeout
 
     def acquire(self, nbytes: int, alone: bool = False) -> None:
@@ -111,20 +190,13 @@ class Budget:
         nothing of its own in flight) never blocks, so no thread can starve another."""
         with self._cond:
             ok = self._cond.wait_for(
-                lambda: (
-                    alone
-                    or self._failed.is_set()
-                    or self.used == 0
-                    or self.used + nbytes <= self.limit
-                ),
+                lambda: alone or self.used == 0 or self.used + nbytes <= self.limit,
                 timeout=self._timeout,
             )
-            if self._failed.is_set():
-                raise ReshardError("meshcast.reshard: aborted after an earlier failure")
             if not ok:
                 raise ReshardError(
-                    f"meshcast.reshard: no buffer memory freed within {self._timeout:g} s "
-                    f"({self.used} bytes in flight, max_inflight_bytes={self.limit})"
+                    f"no buffer memory freed within {self._timeout:g} s ({self.used} bytes in "
+                    f"flight, max_inflight_bytes={self.limit})"
                 )
             self.used += nbytes
             self.peak = max(self.peak, self.used)
@@ -132,8 +204,6 @@ class Budget:
     def try_acquire(self, nbytes: int) -> bool:
         """Take ``nbytes`` if they fit now (or nothing is in flight); never blocks."""
         with self._cond:
-            if self._failed.is_set():
-                raise ReshardError("meshcast.reshard: aborted after an earlier failure")
             if self.used and self.used + nbytes > self.limit:
                 return False
             self.used += nbytes
@@ -147,36 +217,36 @@ class Budget:
                 self.used -= nbytes
                 self._cond.notify_all()
 
-    def wake(self) -> None:
-        """Wake waiters (after a failure)."""
-        with self._cond:
-            self._cond.notify_all()
-
 
 @dataclass
 class Pending:
-    """Posted messages of one chunk: complete them, run ``finish`` (unpack), free ``nbytes``."""
+    """Posted messages of one chunk, ``(peer, work)``: complete them, run ``finish`` (unpack),
+    free ``nbytes``. ``box`` is the destination region the item writes, if any."""
 
-    works: list[dist.Work]
+    works: list[tuple[int, dist.Work]]
     what: str
     ranks: tuple[int, ...]
     nbytes: int = 0
     finish: Callable[[], None] | None = None
-    box: Box | None = None  # destination region this item writes, if any
+    box: Box | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    current: Callable[[], tuple[int | None, str]] | None = None  # what a relay waits for
+
+    def waiting_on(self) -> tuple[int | None, str]:
+        """(peer, what) this item is waiting for."""
+        if self.current is not None:
+            return self.current()
+        return (self.works[0][0] if self.works else None), self.what
 
 
 class Reaper:
-    """A thread that completes posted items in the order they were posted.
+    """A thread that completes posted items in the order they were posted; a failed message is
+    recorded in ``failures`` and the items after it are still completed."""
 
-    The first error is kept in ``errors`` and sets ``failed``; the items after it are abandoned.
-    """
-
-    def __init__(self, transport: Transport, budget: Budget, failed: threading.Event) -> None:
+    def __init__(self, transport: Transport, budget: Budget, failures: Failures) -> None:
         self.transport = transport
         self.budget = budget
-        self.failed = failed
-        self.errors: list[BaseException] = []
+        self.failures = failures
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="meshcast-reaper", daemon=True)
         self._thread.start()
@@ -186,33 +256,29 @@ class Reaper:
         self._queue.put(item)
 
     def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if self.failed.is_set():  # abandoned: free it so nobody waits on it
-                self.budget.release(item.nbytes)
-                item.done.set()
-                continue
+        while (item := self._queue.get()) is not None:
+            ok = True
+            for peer, work in item.works:
+                try:
+                    self.transport.wait(work, peer, item.what)
+                except PeerFault as fault:
+                    ok = False
+                    self.failures.peer(fault)
+                except Exception as exc:  # a backend error without a peer's failure
+                    ok = False
+                    self.failures.error(item.what, exc)
             try:
-                for work in item.works:
-                    self.transport.wait(work, item.what, item.ranks)
-                if item.finish is not None:
+                if ok and item.finish is not None:
                     item.finish()
-            except BaseException as exc:
-                self.errors.append(exc)
-                self.failed.set()
-                self.budget.wake()
+            except Exception as exc:
+                self.failures.error(f"{item.what} (unpacking)", exc)
             finally:
                 self.budget.release(item.nbytes)
                 item.done.set()
 
-    def close(self, timeout: float) -> None:
-        """Wait until every item handed over so far is complete (or failed)."""
+    def close(self, timeout: float) -> bool:
+        """Wait until every item handed over so far is complete; False if the thread is still
+        running after ``timeout`` (it cannot be: every wait is bounded)."""
         self._queue.put(None)
         self._thread.join(timeout)
-        if self._thread.is_alive() and not self.errors:
-            self.errors.append(
-                ReshardError(f"meshcast.reshard: transfers still pending after {timeout:g} s")
-            )
-            self.failed.set()
+        return not self._thread.is_alive()

@@ -1,0 +1,279 @@
+"""The input agreement: before any data moves, the ranks of a call learn each other's options and
+input errors through the store, and refuse together if anything differs or is wrong.
+
+Each rank appends its record to the call's key and reads the key until every plan rank's record
+is there (a few store round trips when the ranks arrive together). Calls are keyed by their plan
+(board.py), so ranks holding different plans never meet under one key; nothing here waits on a
+message, so nothing can hang on them either: while waiting, a rank looks at where each missing
+peer is (``meshcast/at/<rank>``) and refuses at once when the peer
+
+* waits in the agreement of another call whose ranks include this rank and which this rank has
+  not made: each waits for the other (a plan or a mesh that differs per rank), or
+* refused, at the same step of the program (the same number of meshcast calls on this group,
+  board.next_step), a call that this rank has not made: its plan differs from its peers', or its
+  plan was unusable (a rank shows its last few refusals, so a slow peer still finds them).
+  Steps agree where every rank makes every call (SPMD, as with DTensor); where
+  they do not, such a peer is waited for.
+
+A peer that is merely busy elsewhere (an earlier call, compute) is waited for, up to ``timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .board import Call, calls_made
+from .errors import ReshardError
+
+__all__ = ["agree", "refuse_early"]
+
+POLL_S = (1e-4, 5e-3)
+"""First and longest pause between two looks at the records."""
+SCAN_S = (0.02, 0.1)
+"""When a rank first looks where its missing peers are, and how often after that."""
+RECENT_REFUSALS = 8
+"""Refusals a rank keeps showing to its peers."""
+
+_refusals: dict[int, deque] = {}
+_refusals_lock = threading.Lock()
+
+
+def agree(
+    call: Call, record: dict[str, Any], abort: Callable[[], str | None] | None = None
+) -> None:
+    """Exchange ``record`` (``plan``, ``options``, ``error``, ``what``) with every rank of
+    ``call``; raise ``ValueError`` on every rank if any differ or any has an error,
+    :class:`ReshardError` if a rank does not come within the call's timeout.
+
+    The outcome is one verdict per call, set once in the store (``compare_set``): by the first
+    rank that holds every record (the verdict follows from the records alone, so every such rank
+    would set the same), or by a rank that calls the call off while a record is missing (a
+    conflict, a time-out, ``abort()`` returning a reason). Every rank follows the verdict, so no
+    rank goes ahead while another refuses."""
+    here = {
+        "call": call.key, "family": call.family, "number": call.number, "step": call.step,
+        "ranks": list(call.ranks), "what": record["what"], "state": "agreeing",
+        "refusals": _recent_refusals(call.group),
+    }
+    try:
+        records, verdict = _gather(call, {**record, "rank": call.me}, here, abort)
+    except Exception as exc:  # the store itself failed
+        _refused(call, here)
+        raise ReshardError(
+            f"{call.caller} on rank {call.me}: the process group's store failed during the "
+            f"input agreement after {call.elapsed():.2f} s: {exc}", call.ranks) from exc
+    if verdict["ok"]:
+        return
+    _refused(call, here)
+    if verdict.get("by") is None:  # decided from the records: each rank says it its own way
+        problem = _compare(call, records)
+        raise ValueError(f"{call.caller} on rank {call.me}: {problem}; nothing was sent")
+    text = verdict["reason"]
+    if verdict["by"] != call.me:  # say it from this rank's side where it can
+        own = None if verdict.get("missing") else _conflict(
+            call, [q for q in call.ranks if q not in records], record["what"])
+        text = own[1] if own is not None else (
+            f"rank {verdict['by']} called the call off: {verdict['reason']}")
+    if verdict.get("missing"):
+        missing = tuple(verdict["missing"])
+        raise ReshardError(f"{call.caller} on rank {call.me}: {text}; nothing was sent", missing,
+                           failed=missing)
+    raise ValueError(f"{call.caller} on rank {call.me}: {text}; nothing was sent")
+
+
+def _gather(
+    call: Call, record: dict[str, Any], here: dict[str, Any],
+    abort: Callable[[], str | None] | None,
+) -> tuple[dict[int, dict], dict[str, Any]]:
+    """Every record this rank could read, and the verdict."""
+    store, key = call.store, f"{call.key}/records"
+    store.set(call.at_key(call.me), json.dumps(here))
+    store.append(key, json.dumps(record) + "\n")
+    got: dict[int, dict] = {}
+    pause, next_scan = POLL_S[0], SCAN_S[0]
+    while True:
+        text = store.get(key).decode() if store.check([key]) else ""
+        called_off = False
+        for line in text.splitlines():
+            rec = json.loads(line)
+            if "rank" in rec:
+                got[rec["rank"]] = rec
+            else:
+                called_off = True
+        missing = [q for q in call.ranks if q not in got]
+        if called_off or not missing:
+            verdict = {"ok": _compare(call, got) is None} if not missing else {"ok": False}
+            return got, _settle(call, verdict)
+        off: dict[str, Any] | None = None
+        given_up = abort() if abort is not None else None
+        if given_up is not None:
+            off = {"reason": given_up}
+        elif call.elapsed() >= next_scan:
+            reason = _conflict(call, missing, record["what"])
+            # a peer may have added its record, finished this call and gone on since the records
+            # were read: it counts against this call only if its record is still missing
+            if reason is not None and not _still_missing(call, key, reason[0]):
+                reason = None
+            off = None if reason is None else {"reason": reason[1]}
+            next_scan = call.elapsed() + SCAN_S[1]
+        if off is None and call.elapsed() > call.timeout:
+            off = {"reason": _absent(call, missing), "missing": missing}
+        if off is not None:
+            verdict = _settle(call, {"ok": False, "by": call.me, **off})
+            if verdict.get("by") == call.me:  # tell the ranks still reading records
+                store.append(key, json.dumps({"called_off": True}) + "\n")
+            if not verdict["ok"]:
+                return got, verdict
+        time.sleep(pause)
+        pause = min(2 * pause, POLL_S[1])
+
+
+def _settle(call: Call, verdict: dict[str, Any]) -> dict[str, Any]:
+    """Set the call's verdict unless one is set; the verdict that holds. A rank whose records are
+    complete cleans the keys up once every rank has read the verdict."""
+    store = call.store
+    ours = json.dumps(verdict)
+    held = json.loads(store.compare_set(f"{call.key}/verdict", "", ours).decode())
+    if held.get("ok") and store.add(f"{call.key}/read", 1) == len(call.ranks):
+        for suffix in ("records", "verdict", "read"):
+            store.delete_key(f"{call.key}/{suffix}")
+    return held
+
+
+def _where(call: Call, rank: int) -> dict[str, Any] | None:
+    key = call.at_key(rank)
+    if not call.store.check([key]):
+        return None
+    return json.loads(call.store.get(key).decode())
+
+
+def _still_missing(call: Call, key: str, rank: int) -> bool:
+    text = call.store.get(key).decode() if call.store.check([key]) else ""
+    return all(json.loads(line).get("rank") != rank for line in text.splitlines())
+
+
+def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | None:
+    """(peer, why) when a missing peer cannot come to this call (module docstring)."""
+    advice = ("every rank of a plan must call with the same plan (are meshes or plans built "
+              "differently on different ranks, e.g. a sub-mesh that differs per rank?)")
+    mine = f"{what} over ranks {_ranks(call.ranks)}"
+    where = {q: _where(call, q) for q in missing}
+    differ = [q for q, at in where.items() if at is not None and at["family"] != call.family
+              and at["ranks"] == list(call.ranks)
+              and (at["state"] == "agreeing" or at["step"] == call.step)
+              and at["number"] >= calls_made(call.group, at["family"])]
+    if differ:  # the same ranks, waiting for each other with different plans
+        q = differ[0]
+        return q, (f"ranks {differ} called with different plans than rank {call.me} (rank {q}: "
+                   f"{where[q]['what']}; rank {call.me}: {what}); every rank must pass the same "
+                   f"plans in the same order")
+    for q, at in where.items():
+        if at is None or at["family"] == call.family:
+            continue  # never called, or in an earlier, the same or a later call of this plan
+        theirs = f"{at['what']} over ranks {_ranks(at['ranks'])}"
+        made = call.me in at["ranks"] and at["number"] < calls_made(call.group, at["family"])
+        if at["state"] == "agreeing" and call.me in at["ranks"] and not made:
+            return q, (f"rank {q} waits for rank {call.me} in a call with another plan "
+                       f"({theirs}), while rank {call.me}'s plan ({mine}) waits for rank {q}: "
+                       f"{advice}")
+        for refusal in at.get("refusals", ()):
+            if refusal["step"] != call.step or refusal["family"] == call.family:
+                continue  # another step of the program (or this very call, on another rank)
+            if call.me in refusal["ranks"] and refusal["number"] < calls_made(
+                    call.group, refusal["family"]):
+                continue  # a call this rank made too
+            if not refusal["family"]:
+                return q, (f"rank {q} refused its call before joining it ({refusal['what']}), "
+                           f"while rank {call.me}'s plan ({mine}) waits for it")
+            return q, (f"rank {q} refused its call with another plan ({refusal['what']} over "
+                       f"ranks {_ranks(refusal['ranks'])}), while rank {call.me}'s plan ({mine}) "
+                       f"waits for it: {advice}")
+    return None
+
+
+def _absent(call: Call, missing: list[int]) -> str:
+    where = []
+    for q in missing[:4]:
+        at = _where(call, q)
+        if at is None:
+            where.append(f"rank {q} has not called meshcast on this process group")
+        elif at["call"] == call.key:
+            where.append(f"rank {q} joined but its record did not arrive")
+        else:
+            where.append(f"rank {q} is in another call ({at['what']} over ranks "
+                         f"{_ranks(at['ranks'])}, {at['state']})")
+    return (
+        f"ranks {missing} did not join the input agreement within {call.timeout:g} s "
+        f"({'; '.join(where)}) (ranks involved: {list(call.ranks)})"
+    )
+
+
+def _compare(call: Call, records: dict[int, dict]) -> str | None:
+    """Why the ranks cannot go ahead (None: they can); the same text on every rank but the one
+    whose own input is wrong, which gets its own error first."""
+    mine = records[call.me]
+    if mine["error"] is not None:
+        return mine["error"]
+    plans = [q for q in call.ranks if records[q]["plan"] != mine["plan"]]
+    if plans:
+        q = plans[0]
+        return (f"ranks {plans} called with different plans than rank {call.me} (rank {q}: "
+                f"{records[q]['what']}; rank {call.me}: {mine['what']}); every rank must pass "
+                f"the same plans in the same order")
+    for name, value in mine["options"].items():
+        differ = [q for q in call.ranks if records[q]["options"].get(name) != value]
+        if differ:
+            theirs = records[differ[0]]["options"].get(name)
+            return (f"ranks {differ} passed {name}={theirs!r} where rank {call.me} passed "
+                    f"{value!r}: it must be the same on every rank")
+    bad = [q for q in call.ranks if records[q]["error"] is not None]
+    if bad:
+        first = records[bad[0]]
+        return (f"ranks {bad} passed inputs that do not fit the plans (rank {bad[0]}: "
+                f"{first['error']})")
+    return None
+
+
+def _recent_refusals(group: object, add: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """This process's last refusals on ``group`` (step, family, number, ranks, what), newest
+    last; ``add`` one first. They stay in ``meshcast/at/<rank>`` for a few calls, so a peer that
+    is slow to look still finds the refusal of its step after this rank has moved on."""
+    with _refusals_lock:
+        recent = _refusals.setdefault(id(group), deque(maxlen=RECENT_REFUSALS))
+        if add is not None:
+            recent.append(add)
+        return list(recent)
+
+
+def _refused(call: Call, here: dict[str, Any]) -> None:
+    refusal = {"step": call.step, "family": call.family, "number": call.number,
+               "ranks": list(call.ranks), "what": here["what"]}
+    here = {**here, "state": "refused", "refusals": _recent_refusals(call.group, refusal)}
+    with contextlib.suppress(Exception):
+        call.store.set(call.at_key(call.me), json.dumps(here))
+
+
+def refuse_early(group: object, me: int, what: str) -> None:
+    """Say in the store that this rank refused a call before it could join an agreement (its
+    plan was unusable), so that peers waiting for it at the same step refuse at once instead of
+    timing out. Best effort: nothing happens without an initialised process group."""
+    from .board import next_step, store_of
+
+    refusal = {"step": next_step(group), "family": "", "number": -1, "ranks": [], "what": what}
+    here = {"call": "", "family": "", "number": -1, "step": refusal["step"], "ranks": [],
+            "what": what, "state": "refused", "refusals": _recent_refusals(group, refusal)}
+    with contextlib.suppress(Exception):
+        store_of(group).set(Call.at_key(me), json.dumps(here))
+
+
+def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}..{ranks[-1]}"
+    return str(ranks)

@@ -1,0 +1,123 @@
+"""Tensors as the runtime moves them: any dtype as an integer "carrier" of the same element size,
+any strides, and the checks that decide whether a rank's tensor fits a plan.
+
+The runtime never computes with the values it moves, so it works on a same-size integer view of
+every tensor (``uint8``/``int16``/``int32``/``int64``, ``complex128`` for 16 bytes): slicing,
+packing and copying then work for every dtype torch has (float8, bit types, sub-byte integers,
+complex32, ...), and a same-size ``view`` works for any strides. Messages are byte views of
+contiguous tensors (:func:`as_bytes`), which also works for one-element and empty tensors whose
+strides are odd.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..layout import Box, box_shape
+from ..task import ReshardTask
+
+__all__ = ["as_bytes", "as_carrier", "carrier_dtype", "check_local", "empty_out", "torch_dtype"]
+
+_CARRIERS = {
+    1: torch.uint8,
+    2: torch.int16,
+    4: torch.int32,
+    8: torch.int64,
+    16: torch.complex128,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a plan's dtype name."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"the plan's dtype {name!r} has no torch equivalent in torch "
+                         f"{torch.__version__}")
+    return dtype
+
+
+def carrier_dtype(itemsize: int) -> torch.dtype:
+    """The integer dtype of ``itemsize`` bytes the runtime moves elements as."""
+    try:
+        return _CARRIERS[itemsize]
+    except KeyError:
+        raise ValueError(f"no carrier for elements of {itemsize} bytes") from None
+
+
+def as_carrier(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (any dtype, any strides) as a same-shape view of its carrier dtype, detached, with
+    any lazy conjugate or negative bit applied first (a copy only then)."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t.view(carrier_dtype(t.element_size()))
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor (``is_contiguous()``) as a 1-D ``uint8`` view of its bytes, whatever
+    strides its size-1 or empty dimensions report."""
+    if not t.is_contiguous():
+        raise ValueError("as_bytes needs a contiguous tensor")
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
+
+
+def empty_out(box: Box, itemsize: int, device: torch.device) -> torch.Tensor:
+    """A zeroed contiguous carrier tensor for a destination box."""
+    return torch.zeros(box_shape(box), dtype=carrier_dtype(itemsize), device=device)
+
+
+def check_local(
+    local: object,
+    box: Box | None,
+    task: ReshardTask,
+    rank: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> str | None:
+    """Why ``local`` cannot be this rank's source shard of ``task`` (None: it can).
+
+    ``box`` is the rank's source box (None: it holds nothing and ``local`` must be None). The
+    message names the rank and the rule; it completes "<argument> ...".
+    """
+    if box is None:
+        if local is not None:
+            return (
+                f"must be None on rank {rank}: the rank is not in the source mesh "
+                f"{task.src.mesh.notation()} and holds nothing, got {type(local).__name__}"
+            )
+        return None
+    if not isinstance(local, torch.Tensor):
+        return (
+            f"must be a torch.Tensor on rank {rank} (it holds part of the source layout "
+            f"{task.src.notation()}), got {type(local).__name__}"
+        )
+    kind = _unsupported_kind(local)
+    if kind is not None:
+        return f"is {kind} on rank {rank}; meshcast moves plain dense tensors"
+    want = box_shape(box)
+    if tuple(local.shape) != want:
+        return (
+            f"has shape {tuple(local.shape)} on rank {rank}; the source layout "
+            f"{task.src.notation()} of global shape {task.shape} gives this rank {want}"
+        )
+    if local.dtype != dtype:
+        return f"has dtype {local.dtype} on rank {rank}; the plan moves {dtype}"
+    if local.device != device:
+        return f"is on device {local.device} on rank {rank}; expected {device}"
+    return None
+
+
+def _unsupported_kind(t: torch.Tensor) -> str | None:
+    if type(t).__name__ == "DTensor":
+        return "a DTensor (pass dt.to_local(), or use meshcast.reshard_dtensor)"
+    if t.is_nested:
+        return "a nested tensor"
+    if t.layout != torch.strided:
+        return f"a tensor of layout {t.layout} (sparse or otherwise not strided)"
+    if t.is_quantized:
+        return "a quantized tensor (reshard t.int_repr() and quantize again)"
+    if t.device.type == "meta":
+        return "a meta tensor (it has no data)"
+    return None
