@@ -92,6 +92,9 @@ def _gather(
     abort: Callable[[], str | None] | None,
 ) -> tuple[dict[int, dict], dict[str, Any]]:
     """Every record this rank could read, and the verdict."""
+    while _settled(call, call.key) and _verdict(call, call.key).get("step") != call.step:
+        call.renumber()  # a name this rank's peers used at another step while it made another call
+        here["call"], here["number"] = call.key, call.number
     store, key = call.store, f"{call.key}/records"
     store.set(call.at_key(call.me), json.dumps(here))
     store.append(key, json.dumps(record) + "\n")
@@ -111,6 +114,7 @@ def _gather(
             verdict = {"ok": _compare(call, got) is None} if not missing else {"ok": False}
             return got, _settle(call, verdict)
         off: dict[str, Any] | None = None
+        theirs: str | None = None  # the call of a peer that waits for this one
         given_up = abort() if abort is not None else None
         if given_up is not None:
             off = {"reason": given_up}
@@ -120,7 +124,10 @@ def _gather(
             # were read: it counts against this call only if its record is still missing
             if reason is not None and not _still_missing(call, key, reason[0]):
                 reason = None
-            off = None if reason is None else {"reason": reason[1]}
+            if reason is not None:
+                off = {"reason": reason[1]}
+                at = _where(call, reason[0])
+                theirs = at["call"] if at is not None and at["state"] == "agreeing" else None
             next_scan = call.elapsed() + SCAN_S[1]
         if off is None and call.elapsed() > call.timeout:
             off = {"reason": _absent(call, missing), "missing": missing}
@@ -128,6 +135,8 @@ def _gather(
             verdict = _settle(call, {"ok": False, "by": call.me, **off})
             if verdict.get("by") == call.me:  # tell the ranks still reading records
                 store.append(key, json.dumps({"called_off": True}) + "\n")
+            if theirs and theirs != call.key:  # the peer's call cannot go ahead without this rank
+                _call_off(call, theirs, {"ok": False, "by": call.me, **off})
             if not verdict["ok"]:
                 return got, verdict
         time.sleep(pause)
@@ -138,12 +147,30 @@ def _settle(call: Call, verdict: dict[str, Any]) -> dict[str, Any]:
     """Set the call's verdict unless one is set; the verdict that holds. A rank whose records are
     complete cleans the keys up once every rank has read the verdict."""
     store = call.store
-    ours = json.dumps(verdict)
+    ours = json.dumps({**verdict, "step": call.step})
     held = json.loads(store.compare_set(f"{call.key}/verdict", "", ours).decode())
     if held.get("ok") and store.add(f"{call.key}/read", 1) == len(call.ranks):
         for suffix in ("records", "verdict", "read"):
             store.delete_key(f"{call.key}/{suffix}")
     return held
+
+
+def _call_off(call: Call, key: str, verdict: dict[str, Any]) -> None:
+    """Call off a peer's call ``key`` that this rank will not make at this step (the peer's ranks
+    then refuse at this step too, and none of them keeps waiting in it)."""
+    ours = json.dumps({**verdict, "step": call.step})
+    call.store.compare_set(f"{key}/verdict", "", ours)
+    call.store.append(f"{key}/records", json.dumps({"called_off": True}) + "\n")
+
+
+def _settled(call: Call, key: str) -> bool:
+    """Whether call ``key`` has its verdict (a peer that shows itself agreeing there is about to
+    leave it)."""
+    return bool(key) and call.store.check([f"{key}/verdict"])
+
+
+def _verdict(call: Call, key: str) -> dict[str, Any]:
+    return json.loads(call.store.get(f"{key}/verdict").decode())
 
 
 def _where(call: Call, rank: int) -> dict[str, Any] | None:
@@ -164,9 +191,11 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
               "differently on different ranks, e.g. a sub-mesh that differs per rank?)")
     mine = f"{what} over ranks {_ranks(call.ranks)}"
     where = {q: _where(call, q) for q in missing}
+    waiting = {q: at is not None and at["state"] == "agreeing" and not _settled(call, at["call"])
+               for q, at in where.items()}
     differ = [q for q, at in where.items() if at is not None and at["family"] != call.family
               and at["ranks"] == list(call.ranks)
-              and (at["state"] == "agreeing" or at["step"] == call.step)
+              and (waiting[q] or at["step"] == call.step)
               and at["number"] >= calls_made(call.group, at["family"])]
     if differ:  # the same ranks, waiting for each other with different plans
         q = differ[0]
@@ -178,7 +207,7 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
             continue  # never called, or in an earlier, the same or a later call of this plan
         theirs = f"{at['what']} over ranks {_ranks(at['ranks'])}"
         made = call.me in at["ranks"] and at["number"] < calls_made(call.group, at["family"])
-        if at["state"] == "agreeing" and call.me in at["ranks"] and not made:
+        if waiting[q] and call.me in at["ranks"] and not made:
             return q, (f"rank {q} waits for rank {call.me} in a call with another plan "
                        f"({theirs}), while rank {call.me}'s plan ({mine}) waits for rank {q}: "
                        f"{advice}")

@@ -95,6 +95,15 @@ class Call:
         self._lock = threading.Lock()
         self._noted = False
 
+    def renumber(self) -> None:
+        """Take the next number of this call's plan: the current name was used by peers at
+        another step, in a call this rank did not make (it made another call at that step)."""
+        with _counter_lock:
+            key = (id(self.group), self.family)
+            self.number = _counters[key]
+            _counters[key] = self.number + 1
+        self.key = f"meshcast/c/{self.family}/{self.number}"
+
     def elapsed(self) -> float:
         """Seconds since the call started on this rank."""
         return time.monotonic() - self.start
