@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 import meshcast as mc
-from meshcast.cases import PAPER_CASES
 from meshcast.cluster import Cluster
+from meshcast.core.cases import PAPER_CASES
 
 CASES = (2, 3, 5, 8)
 COMBOS = (("send_recv", "none"), ("broadcast", "none"), ("broadcast", "order"), (None, None))

@@ -35,7 +35,7 @@ from meshcast.cluster import (
     wait_job,
 )
 from meshcast.cluster.cluster import check_name
-from meshcast.topology import Topology
+from meshcast.core.topology import Topology
 
 OK, REASON = available()
 needs_netns = pytest.mark.skipif(not OK, reason=f"emulated cluster unavailable: {REASON}")

@@ -15,8 +15,8 @@ import warnings
 import pytest
 
 import meshcast as mc
-from meshcast.job import DEFAULT_INTRA_GBPS, DEFAULT_NIC_GBPS, read_job_hosts
-from meshcast.layout import box_size
+from meshcast.core.job import DEFAULT_INTRA_GBPS, DEFAULT_NIC_GBPS, read_job_hosts
+from meshcast.core.layout import box_size
 
 TORCHRUN_2X2 = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2",
                 "RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1"}

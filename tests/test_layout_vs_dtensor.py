@@ -49,7 +49,7 @@ def test_boxes_match_dtensor():
                             shape, device_mesh, placements
                         )
                         box = layout.box(rank, shape)
-                        assert tuple(size) == mc.layout.box_shape(box)
+                        assert tuple(size) == mc.core.layout.box_shape(box)
                         # DTensor puts empty shards at offset n; only non-empty offsets matter
                         assert all(o == b.start for n, o, b in zip(size, offset, box) if n)
         finally:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from strategies import meshes, specs
 
 import meshcast as mc
-from meshcast.layout import box_size
-from meshcast.task import MAX_BYTES
+from meshcast.core.layout import box_size
+from meshcast.core.task import MAX_BYTES
 
 R = mc.Replicate()
 
@@ -98,7 +98,7 @@ def test_lower_bound_of_a_2_to_the_60_task_is_exact_and_large():
 def large_tasks(draw) -> mc.ReshardTask:
     """Tasks with dimensions up to 2^62 and at most 2^63 - 1 bytes in all."""
     dtype = draw(st.sampled_from(["bool", "int8", "float16", "float32", "complex128"]))
-    room = 63 - int(math.log2(np.dtype(mc.task.numpy_dtype(dtype)).itemsize))
+    room = 63 - int(math.log2(np.dtype(mc.core.task.numpy_dtype(dtype)).itemsize))
     ndim = draw(st.integers(0, 3))
     shape: list[int] = []
     for _ in range(ndim):
@@ -143,7 +143,7 @@ def test_large_shapes_are_exact(task, strategy, balance):
     bound = mc.lower_bound(task, topo)
     assert math.isfinite(rep.time_s) and math.isfinite(bound)
     assert 0 <= bound <= rep.time_s
-    remote = any(sl.remote for sl in mc.task.iter_slices(task))
+    remote = any(sl.remote for sl in mc.core.task.iter_slices(task))
     assert (bound > 0) == remote
     per_host = plan.bytes_per_host()
     assert rep.host_bytes_in.tolist() == [per_host[h][1] for h in range(topo.num_hosts)]

@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 import meshcast  # noqa: E402
 from meshcast.models import gpt, utransformer  # noqa: E402
 from meshcast.pipeline import SCHEDULES  # noqa: E402
-from meshcast.pipeline.training import (  # noqa: E402
+from meshcast.training.training import (  # noqa: E402
     TrainJob,
     build_model,
     build_stage,

@@ -1,5 +1,5 @@
-"""The plan check (meshcast.plan_check): exactly the plans that deliver their destination layout
-run; a broken plan is refused by Plan.from_json, execute_local (and the runtimes, tested in
+"""The plan check (meshcast.core.plan_check): exactly the plans that deliver their destination
+layout run; a broken plan is refused by Plan.from_json, execute_local (and the runtimes, tested in
 test_runtime.py) with a ValueError naming the first wrong region."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from strategies import meshes, sample_array, specs, tasks
 
 import meshcast as mc
-from meshcast.layout import box_shape
+from meshcast.core.layout import box_shape
 
 
 def reference_ok(plan: mc.Plan) -> bool:
@@ -55,12 +55,12 @@ def reference_ok(plan: mc.Plan) -> bool:
             if len(op.parts) != len(group) or len(set(group)) != len(group):
                 return False
             for r, part in zip(group, op.parts):
-                if not inside(part, task.dst_box(r)) or not mc.layout.box_size(part):
+                if not inside(part, task.dst_box(r)) or not mc.core.layout.box_size(part):
                     return False
                 if not inside(part, op.box) or (count[r][rel(part, task.dst_box(r))] != 1).any():
                     return False
-            total = sum(mc.layout.box_size(p) for p in op.parts)
-            if total != mc.layout.box_size(op.box):
+            total = sum(mc.core.layout.box_size(p) for p in op.parts)
+            if total != mc.core.layout.box_size(op.box):
                 return False  # (with the parts inside the box: overlap or gap)
             for i, part in enumerate(op.parts):
                 for j, r in enumerate(group):

@@ -10,28 +10,28 @@ from hypothesis import strategies as st
 from strategies import sample_array, tasks
 
 import meshcast as mc
-from meshcast.cases import PAPER_CASES
+from meshcast.core.cases import PAPER_CASES
 
 
 def _cells(box):
-    return [tuple(i) for i in np.ndindex(*mc.layout.box_shape(box))]
+    return [tuple(i) for i in np.ndindex(*mc.core.layout.box_shape(box))]
 
 
 def check_unit_slices(task: mc.ReshardTask) -> None:
     """Each receiver gets each element of its destination box exactly once, from a true holder."""
     need = Counter()
     for unit in task.unit_slices():
-        assert mc.layout.box_size(unit.box) > 0
+        assert mc.core.layout.box_size(unit.box) > 0
         assert unit.holders and unit.receivers
         for h in unit.holders:  # holders really hold it
             hb = task.src_box(h)
             assert all(hs.start <= b.start and b.stop <= hs.stop for b, hs in zip(unit.box, hb))
         for r in unit.receivers:
-            need[r] += mc.layout.box_size(unit.box)
+            need[r] += mc.core.layout.box_size(unit.box)
             rb = task.dst_box(r)
             assert all(rs.start <= b.start and b.stop <= rs.stop for b, rs in zip(unit.box, rb))
     for r in task.dst.mesh.devices:
-        assert need[r] == mc.layout.box_size(task.dst_box(r))
+        assert need[r] == mc.core.layout.box_size(task.dst_box(r))
     # holder and receiver sets are complete: every rank whose box contains the slice is listed
     for unit in task.unit_slices():
         corner = tuple(b.start for b in unit.box)
@@ -79,7 +79,7 @@ def test_dtype_spellings():
         "bfloat16",
         torch.bfloat16,
         "torch.bfloat16",
-        mc.dtypes.numpy_dtype("bfloat16"),
+        mc.core.dtypes.numpy_dtype("bfloat16"),
     ):
         assert (
             mc.ReshardTask((4,), spelling, mc.Layout(mesh, "S0"), mc.Layout(mesh, "R")).dtype

@@ -15,9 +15,9 @@ import pytest
 
 import meshcast
 from meshcast import Layout, Mesh, ReshardTask, Topology, execute_local, plan, scatter
-from meshcast.cases import PAPER_CASES
-from meshcast.layout import box_size
-from meshcast.plan import Broadcast, Send
+from meshcast.core.cases import PAPER_CASES
+from meshcast.core.layout import box_size
+from meshcast.core.plan import Broadcast, Send
 
 WORLD = 20
 TOPOLOGY = Topology.uniform(5, 4)  # 5 emulated hosts of 4 ranks
@@ -121,7 +121,8 @@ def _to_torch(a: np.ndarray, noncontiguous: bool = False):
     import torch
 
     raw = torch.frombuffer(bytearray(a.tobytes()) or bytearray(1), dtype=torch.uint8)
-    t = raw[: a.nbytes].view(getattr(torch, meshcast.dtypes.dtype_name(a.dtype))).reshape(a.shape)
+    dtype = getattr(torch, meshcast.core.dtypes.dtype_name(a.dtype))
+    t = raw[: a.nbytes].view(dtype).reshape(a.shape)
     if noncontiguous and t.ndim >= 2:
         t = t.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
         assert not t.is_contiguous() or t.numel() == 0

@@ -22,7 +22,7 @@ import pytest
 
 import meshcast
 from meshcast import Layout, Mesh, ReshardTask, Topology
-from meshcast.dtypes import known_dtypes
+from meshcast.core.dtypes import known_dtypes
 
 WORLD = 8
 TOPOLOGY = Topology.uniform(4, 2)
@@ -33,7 +33,7 @@ def _global(shape: tuple[int, ...], dtype_name: str, seed: int):
     """Deterministic bytes viewed as the dtype (any dtype, NaN patterns included)."""
     import torch
 
-    from meshcast.dtypes import itemsize
+    from meshcast.core.dtypes import itemsize
 
     n = 1
     for s in shape:

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshcast import Layout, Mesh, ReshardTask, Topology, plan
-from meshcast.layout import box_size
-from meshcast.plan import Broadcast, broadcast_chain
+from meshcast.core.layout import box_size
+from meshcast.core.plan import Broadcast, broadcast_chain
 from meshcast.runtime.broadcast import chain_role
 from meshcast.runtime.chunks import boxes_overlap, chunk_boxes, relative
 from meshcast.runtime.groups import canonical_order
@@ -124,7 +124,7 @@ def test_launch_rejects_bad_arguments() -> None:
 def test_every_torch_dtype_with_an_element_size_has_a_name() -> None:
     import torch
 
-    from meshcast.dtypes import dtype_name, itemsize, known_dtypes
+    from meshcast.core.dtypes import dtype_name, itemsize, known_dtypes
 
     seen = {getattr(torch, n) for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
     quantized = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
@@ -143,7 +143,7 @@ def test_numpy_equivalents_hold_the_same_bytes() -> None:
     import ml_dtypes
     import torch
 
-    from meshcast.dtypes import numpy_dtype
+    from meshcast.core.dtypes import numpy_dtype
 
     values = [0.5, -2.0, 4.0, 0.25]
     for name in ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",

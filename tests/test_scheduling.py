@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from strategies import sample_array, tasks
 
 import meshcast as mc
-from meshcast import balance as balance_mod
-from meshcast.balance import SEARCH_NODE_BUDGET, order_plan
-from meshcast.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
 from meshcast.cli import main
+from meshcast.core.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
+from meshcast.planning import balance as balance_mod
+from meshcast.planning.balance import SEARCH_NODE_BUDGET, order_plan
 
 P3 = dict(nic_in_gbps=10.0, nic_out_gbps=10.0, intra_gbps=800.0, latency_us=30.0)
 FIXED = [(s, b) for s in mc.STRATEGIES for b in ("none", "size", "order")]
@@ -88,7 +88,7 @@ def test_balances_are_deterministic(balance):
 
 def test_balances_are_deterministic_across_processes():
     code = (
-        "import meshcast as mc;from meshcast.cases import PAPER_CASES;"
+        "import meshcast as mc;from meshcast.core.cases import PAPER_CASES;"
         "t=PAPER_CASES[3].task('int32',scale=64);tp=mc.Topology.preset('p3.8xlarge',5);"
         "print(mc.plan(t,tp,strategy='broadcast',balance='order').to_json());"
         "print(mc.plan(t,tp).to_json())"

@@ -53,7 +53,7 @@ def _state_dict_job(rank: int) -> list[str]:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from meshcast.interop.many import last_many_stats
+    from meshcast.runtime.many import last_many_stats
 
     failures: list[str] = []
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import meshcast as mc
-from meshcast.interop.plans import build_schedule, clear_plan_cache, plan_many
-from meshcast.layout import box_shape
+from meshcast.core.layout import box_shape
+from meshcast.planning.many import build_schedule, clear_plan_cache, plan_many
 
 M24A, M24B = mc.Mesh.from_range(0, (2, 4)), mc.Mesh.from_range(8, (2, 4))
 

@@ -12,7 +12,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from meshcast.models.gpt import Block, GPTConfig, TensorParallelBlock  # noqa: E402
-from meshcast.pipeline.tensor_parallel import (  # noqa: E402
+from meshcast.parallel.tensor_parallel import (  # noqa: E402
     ColumnParallelLinear,
     RowParallelLinear,
     reference_linear,

@@ -38,7 +38,7 @@ def _pipeline_step(rank: int) -> list[str]:
     """Two training steps of a small GPT pipelined over ranks 0-1 and 2-3 (ranks 4-7 idle, as
     SPMD requires every rank to build the runtime); the losses against one process's."""
     from meshcast.models import gpt
-    from meshcast.pipeline.training import TrainJob, reference_training, run_jobs
+    from meshcast.training.training import TrainJob, reference_training, run_jobs
 
     cfg = gpt.GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16)
     job = TrainJob("gpt", cfg, ((0, 1), (2, 3)), "1f1b", "broadcast", num_microbatches=2)

@@ -4,24 +4,34 @@ The planning core (meshes, layouts, tasks, plans, :func:`execute_local`) needs n
 runtime that moves data over ``torch.distributed`` imports torch when first used.
 """
 
-from .job import job_topology
-from .layout import Box, Layout, Placement, Replicate, Shard
-from .local import execute_local, gather, scatter
-from .lower_bound import LowerBound, lower_bound, lower_bound_details
-from .mesh import Mesh
-from .plan import AllGather, Broadcast, Copy, Op, Plan, Send
-from .plan_check import check_plan
-from .planner import BALANCES, STRATEGIES, plan
-from .simulate import SimReport, simulate, time_floor
-from .task import ReshardTask, UnitSlice
-from .topology import Topology
+from .core.cache import CacheInfo, cache_info, clear_caches
+from .core.job import job_topology
+from .core.layout import Box, Layout, Placement, Replicate, Shard
+from .core.local import execute_local, gather, scatter
+from .core.mesh import Mesh
+from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send
+from .core.plan_check import check_plan
+from .core.task import ReshardTask, UnitSlice
+from .core.topology import Topology
+from .estimate.lower_bound import LowerBound, lower_bound, lower_bound_details
+from .estimate.simulate import SimReport, simulate, time_floor
+from .planning.many import (
+    DEFAULT_BUCKET_BYTES,
+    build_schedule,
+    clear_plan_cache,
+    plan_cache_info,
+    plan_many,
+)
+from .planning.planner import BALANCES, STRATEGIES, plan
 
 __all__ = [
     "BALANCES",
+    "DEFAULT_BUCKET_BYTES",
     "STRATEGIES",
     "AllGather",
     "Box",
     "Broadcast",
+    "CacheInfo",
     "Copy",
     "Layout",
     "LowerBound",
@@ -36,13 +46,19 @@ __all__ = [
     "SimReport",
     "Topology",
     "UnitSlice",
+    "build_schedule",
+    "cache_info",
     "check_plan",
+    "clear_caches",
+    "clear_plan_cache",
     "execute_local",
     "gather",
     "job_topology",
     "lower_bound",
     "lower_bound_details",
     "plan",
+    "plan_cache_info",
+    "plan_many",
     "scatter",
     "simulate",
     "time_floor",
@@ -60,27 +76,20 @@ _RUNTIME_EXPORTS = frozenset(
         "launch",
         "reset_transfer_stats",
         "reshard",
+        "reshard_many",
         "transfer_stats",
     }
 )
 
 
-# DTensor and whole-model resharding (meshcast.interop); plan_many & co. need numpy only.
-_INTEROP_EXPORTS = frozenset(
-    {
-        "clear_plan_cache",
-        "plan_cache_info",
-        "plan_many",
-        "reshard_dtensor",
-        "reshard_many",
-        "reshard_state_dict",
-    }
-)
+# DTensor and whole-model resharding (meshcast.interop) import torch too.
+_INTEROP_EXPORTS = frozenset({"reshard_dtensor", "reshard_state_dict"})
 
 
 def __getattr__(name: str):
-    """Lazy exports of :mod:`meshcast.runtime` (``meshcast.reshard``, ``meshcast.launch``, ...)
-    and :mod:`meshcast.interop` (``meshcast.reshard_dtensor``, ``meshcast.reshard_many``, ...)."""
+    """Lazy exports of :mod:`meshcast.runtime` (``meshcast.reshard``, ``meshcast.launch``,
+    ``meshcast.reshard_many``, ...) and :mod:`meshcast.interop` (``meshcast.reshard_dtensor``,
+    ``meshcast.reshard_state_dict``)."""
     if name in _RUNTIME_EXPORTS:
         from . import runtime
 

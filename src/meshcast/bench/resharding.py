@@ -1,12 +1,12 @@
 """The resharding benchmark: the paper's suites, every method, real runs checked byte for byte.
 
 Cases (:func:`suite_cases`): the 1-to-m suite (one source device to each mesh of
-:data:`meshcast.cases.ONE_TO_M_MESHES`, layout ``R -> R``) and the eight n-to-m cases of
-:data:`meshcast.cases.PAPER_CASES`, int32, scaled to ``nbytes`` (default 64 MiB). Each case runs on
-an emulated cluster whose hosts are the meshes' rows: ``devices_per_host`` = the meshes' column
-count, source rows first, then destination rows. A 1-to-m source is one device, alone on host 0;
-that host gets ``devices_per_host - 1`` idle ranks so that every host has as many ranks (idle ranks
-only join the barriers).
+:data:`meshcast.core.cases.ONE_TO_M_MESHES`, layout ``R -> R``) and the eight n-to-m cases of
+:data:`meshcast.core.cases.PAPER_CASES`, int32, scaled to ``nbytes`` (default 64 MiB). Each case
+runs on an emulated cluster whose hosts are the meshes' rows: ``devices_per_host`` = the meshes'
+column count, source rows first, then destination rows. A 1-to-m source is one device, alone on
+host 0; that host gets ``devices_per_host - 1`` idle ranks so that every host has as many ranks
+(idle ranks only join the barriers).
 
 Methods (:data:`METHODS`): ``STRATEGY/BALANCE`` for the three strategies x ``none``, ``size``,
 ``order``; ``auto`` (``plan(task, topology)``, defaults); and two baselines written directly on
@@ -46,16 +46,16 @@ from typing import Any
 
 import numpy as np
 
-from ..cases import ONE_TO_M_MESHES, PAPER_CASES
 from ..cluster import nic_tx_bytes
-from ..layout import Box, Layout
-from ..lower_bound import lower_bound
-from ..mesh import Mesh
-from ..plan import Plan
-from ..planner import plan as make_plan
-from ..simulate import simulate
-from ..task import ReshardTask
-from ..topology import PRESETS, Topology
+from ..core.cases import ONE_TO_M_MESHES, PAPER_CASES
+from ..core.layout import Box, Layout
+from ..core.mesh import Mesh
+from ..core.plan import Plan
+from ..core.task import ReshardTask
+from ..core.topology import PRESETS, Topology
+from ..estimate.lower_bound import lower_bound
+from ..estimate.simulate import simulate
+from ..planning.planner import plan as make_plan
 
 __all__ = [
     "BASELINES",

@@ -12,8 +12,9 @@
    per stage, at several NIC speeds. Boundary times: each tensor a stage sends
    (:class:`meshcast.pipeline.StageGraph`) is a resharding task from the sending stage's mesh
    (replicated, as after Megatron's row-parallel layer) to the receiving stage's mesh (replicated),
-   planned with the broadcast strategy and timed by :func:`meshcast.simulate.simulate` (or, where
-   that module is missing, a bandwidth model: busiest host NIC bytes / NIC speed + latency).
+   planned with the broadcast strategy and timed by :func:`meshcast.estimate.simulate.simulate`
+   (or, where that module is missing, a bandwidth model: busiest host NIC bytes / NIC speed +
+   latency).
    Compute times: FLOPs of each stage's forward and backward counted by
    ``torch.utils.flop_counter`` on the meta device (no memory, no compute), divided by
    ``--tflops`` per GPU times the GPUs of a stage. An estimate, not a measurement.
@@ -36,12 +37,12 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..layout import Layout
-from ..mesh import Mesh
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from ..core.task import ReshardTask
+from ..core.topology import Topology
 from ..pipeline import SCHEDULES, Link, StageGraph, chain_links, schedule, simulate_pipeline
-from ..planner import plan
-from ..task import ReshardTask
-from ..topology import Topology
+from ..planning.planner import plan
 from .common import comma_list, integer, number, numbers, working
 
 COLUMNS: tuple[tuple[str, bool], ...] = (
@@ -121,7 +122,7 @@ def _bandwidth_time(p, topology: Topology) -> float:
 
 def _timer() -> tuple[str, Callable]:
     try:
-        from ..simulate import simulate
+        from ..estimate.simulate import simulate
     except ImportError:
         return "bandwidth model (meshcast.simulate missing)", _bandwidth_time
     return "meshcast.simulate of broadcast plans", lambda p, top: simulate(p, top).time_s
@@ -335,7 +336,7 @@ def cluster_jobs(num_stages: int, ranks_per_host: int, microbatches: int, steps:
     """The runs of ``--cluster``: both models, sized so that on 2 shared CPU cores a boundary
     transfer at 1 Gbit/s takes about as long as a stage's compute of one microbatch."""
     from ..models import gpt, utransformer
-    from ..pipeline.training import TrainJob
+    from ..training.training import TrainJob
 
     configs = {
         # 1 block per stage (n_layer = stages), 64 wide, 256 tokens: per microbatch of 8
@@ -367,7 +368,7 @@ def _run_jobs_on_cluster(jobs: list, hosts: int, ranks_per_host: int, nic_gbit: 
     """Run ``jobs`` on an emulated cluster (or on loopback without root, where communication is
     nearly free): per-rank results and a sentence saying where they ran."""
     from ..interop.cluster_job import run_job
-    from ..pipeline.training import run_jobs
+    from ..training.training import run_jobs
 
     return run_job(run_jobs, hosts * ranks_per_host, ranks_per_host, nic_gbit=nic_gbit,
                    args=(jobs, False), timeout=timeout, name=f"mc-pipe{os.getpid() % 100000}")
@@ -424,7 +425,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     notes = []
     for model in models:
         job = rows[(model, "send_recv", "1f1b")]["job"]
-        from ..pipeline.training import stage_graph
+        from ..training.training import stage_graph
 
         graph = stage_graph(job)
         sends = "; ".join(

@@ -8,10 +8,10 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from ..layout import Layout
-from ..mesh import Mesh
-from ..planner import STRATEGIES, plan
-from ..task import ReshardTask
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from ..core.task import ReshardTask
+from ..planning.planner import STRATEGIES, plan
 from .common import integer, progress
 
 

@@ -14,14 +14,14 @@ import time
 
 import numpy as np
 
-from ..cases import PAPER_CASES
-from ..layout import Layout
-from ..lower_bound import lower_bound
-from ..mesh import Mesh
-from ..planner import plan
-from ..simulate import simulate
-from ..task import ReshardTask
-from ..topology import PRESETS, Topology
+from ..core.cases import PAPER_CASES
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from ..core.task import ReshardTask
+from ..core.topology import PRESETS, Topology
+from ..estimate.lower_bound import lower_bound
+from ..estimate.simulate import simulate
+from ..planning.planner import plan
 from .common import choice, integer, progress
 
 METHODS: tuple[tuple[str | None, str], ...] = (

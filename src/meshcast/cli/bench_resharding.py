@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from ..bench import resharding as rb
-from ..topology import PRESETS
+from ..core.topology import PRESETS
 from .common import UsageError, choice, comma_list, integer, number, output_dir
 
 DEFAULT_OUT = "meshcast-bench-resharding"

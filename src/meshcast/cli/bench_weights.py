@@ -58,8 +58,8 @@ def _embd(text: str) -> int:
 # -- the model and its layouts (every rank builds the same) --------------------------------------
 def build(cfg: dict[str, int]):
     """(full state dict, {name: ReshardTask}) of the benchmark model."""
+    from ..core.mesh import Mesh
     from ..interop.weights import gpt_weight_tasks
-    from ..mesh import Mesh
     from ..models.gpt import GPT, GPTConfig, split_layers
 
     config = GPTConfig(vocab_size=cfg["vocab"], block_size=64, n_layer=cfg["layers"],
@@ -187,7 +187,7 @@ def joint_lower_bound(tasks, topology) -> float:
     together (and no less than any one task's :func:`meshcast.lower_bound`)."""
     import numpy as np
 
-    from ..lower_bound import lower_bound_details
+    from ..estimate.lower_bound import lower_bound_details
 
     host_in = np.zeros(topology.num_hosts)
     single = 0.0
@@ -201,8 +201,8 @@ def joint_lower_bound(tasks, topology) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Run every method in its own job and print the comparison."""
+    from ..core.topology import Topology
     from ..interop.cluster_job import run_job
-    from ..topology import Topology
 
     cfg = {"layers": args.layers, "embd": args.embd, "vocab": args.vocab}
     methods = args.methods

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
-from ..task import ReshardTask
-from ..topology import PRESETS, Topology
+from ..core.task import ReshardTask
+from ..core.topology import PRESETS, Topology
 
 __all__ = [
     "ArgumentParser",
@@ -166,7 +166,7 @@ def shape_arg(text: str) -> tuple[int, ...]:
 
 def dtype_arg(text: str) -> str:
     """An element type name meshcast knows (``float32``, ``bfloat16``, ...)."""
-    from ..dtypes import dtype_name
+    from ..core.dtypes import dtype_name
 
     try:
         return dtype_name(text)
@@ -176,7 +176,7 @@ def dtype_arg(text: str) -> str:
 
 def layout_arg(text: str):
     """A layout in the notation ``SHAPE[@FIRST]:SPEC`` (``2x4@8:RRS0``)."""
-    from ..layout import Layout
+    from ..core.layout import Layout
 
     try:
         return Layout.parse(text)

@@ -23,12 +23,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..cases import PAPER_CASES
-from ..layout import Layout
-from ..mesh import Mesh
-from ..plan import _fmt_bytes
-from ..planner import STRATEGIES, plan
-from ..task import ReshardTask
+from ..core.cases import PAPER_CASES
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from ..core.plan import _fmt_bytes
+from ..core.task import ReshardTask
+from ..planning.planner import STRATEGIES, plan
 from .common import integer, number, working
 
 HOSTS, PER_HOST = 4, 4
@@ -139,9 +139,9 @@ def demo_rank(rank: int, mib: int, reps: int) -> dict[str, Any]:
 def run_real(args: argparse.Namespace, console: Console) -> int:
     """The real run: start the 16 ranks, print the measured table."""
     from ..cluster import INTRA_GBPS
+    from ..core.topology import Topology
+    from ..estimate.lower_bound import lower_bound
     from ..interop.cluster_job import run_job
-    from ..lower_bound import lower_bound
-    from ..topology import Topology
 
     task = demo_task(args.mib)
     console.print(

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..lower_bound import lower_bound
-from ..planner import BALANCES, STRATEGIES, plan
-from ..simulate import simulate
-from ..task import ReshardTask
+from ..core.task import ReshardTask
+from ..estimate.lower_bound import lower_bound
+from ..estimate.simulate import simulate
+from ..planning.planner import BALANCES, STRATEGIES, plan
 from .common import (
     UsageError,
     choice,

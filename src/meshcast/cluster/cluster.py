@@ -44,7 +44,7 @@ from ._net import (
 )
 
 if TYPE_CHECKING:
-    from ..topology import Topology
+    from ..core.topology import Topology
 
 __all__ = [
     "DEFAULT_NAME",
@@ -431,7 +431,7 @@ class Cluster:
     def topology(self, devices_per_host: int, *, intra_gbps: float = INTRA_GBPS) -> Topology:
         """A :class:`meshcast.Topology` matching this cluster: ``devices_per_host`` consecutive
         ranks per host, one NIC per host at :attr:`nic_gbit` in and out, :attr:`latency_ms`."""
-        from ..topology import Topology
+        from ..core.topology import Topology
 
         return Topology.uniform(
             self.num_hosts,

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..topology import Topology
+from ..core.topology import Topology
 
 __all__ = ["run_job"]
 

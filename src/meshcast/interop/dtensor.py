@@ -25,13 +25,13 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from ..job import job_topology
-from ..layout import Layout
-from ..plan import Plan
-from ..task import ReshardTask
-from ..topology import Topology
+from ..core.job import job_topology
+from ..core.layout import Layout
+from ..core.plan import Plan
+from ..core.task import ReshardTask
+from ..core.topology import Topology
+from ..planning.many import plan_many
 from .dtensor_spec import layout_from_spec, placement_kind
-from .plans import plan_many
 
 __all__ = [
     "dtensor_task",
@@ -149,7 +149,7 @@ def reshard_dtensor(
     require grad.
     """
     from ..runtime.execute import DEFAULT_TIMEOUT
-    from .many import reshard_many
+    from ..runtime.many import reshard_many
 
     task = dtensor_task(dt, device_mesh, placements)
     me = dist.get_rank()

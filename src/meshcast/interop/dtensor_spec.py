@@ -28,10 +28,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from ..layout import Layout
-from ..layout import Replicate as McReplicate
-from ..layout import Shard as McShard
-from ..mesh import Mesh
+from ..core.layout import Layout
+from ..core.layout import Replicate as McReplicate
+from ..core.layout import Shard as McShard
+from ..core.mesh import Mesh
 
 __all__ = ["MeshReading", "layout_from_spec", "placement_kind", "read_device_mesh"]
 

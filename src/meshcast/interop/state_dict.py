@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..task import ReshardTask
-from ..topology import Topology
-from .many import reshard_many
-from .plans import DEFAULT_BUCKET_BYTES, plan_many
+from ..core.task import ReshardTask
+from ..core.topology import Topology
+from ..planning.many import DEFAULT_BUCKET_BYTES, plan_many
+from ..runtime.many import reshard_many
 
 __all__ = ["reshard_state_dict"]
 

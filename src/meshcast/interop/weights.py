@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ..layout import Layout, Replicate, Shard
-from ..mesh import Mesh
-from ..task import ReshardTask
+from ..core.layout import Layout, Replicate, Shard
+from ..core.mesh import Mesh
+from ..core.task import ReshardTask
 
 __all__ = ["gpt_stage_of", "gpt_weight_tasks", "tensor_parallel_layout"]
 

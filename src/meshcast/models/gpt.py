@@ -10,7 +10,7 @@ Read top to bottom: config, attention, MLP, block, the model, then pipeline spli
   gradients; we keep the model simple instead).
 - ``TensorParallelBlock.from_block(block, tp_rank, tp_size, group)``: the same block with its
   attention heads and MLP hidden units split over ``tp_size`` ranks (Megatron-style, see
-  :mod:`meshcast.pipeline.tensor_parallel`); one all-reduce after attention, one after the MLP.
+  :mod:`meshcast.parallel.tensor_parallel`); one all-reduce after attention, one after the MLP.
 - ``split_stages(model, num_stages)`` cuts the model into contiguous stages: stage 0 embeds the
   tokens and runs the first blocks, the last stage runs the last blocks, the final norm and the
   head. Each stage is a module taking and returning ``{name: tensor}``; adjacent stages exchange
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from ..pipeline.graph import StageGraph, TensorEdge
-from ..pipeline.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 __all__ = [
     "GPT",

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from ..pipeline.graph import StageGraph, TensorEdge
-from ..pipeline.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 __all__ = [
     "TensorParallelBlock",

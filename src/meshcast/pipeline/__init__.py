@@ -3,7 +3,7 @@
 Everything importable from here is plain Python (no torch): clock tables of the GPipe, 1F1B and
 eager-1F1B schedules (:func:`schedule`), the pipeline simulator (:func:`simulate_pipeline`) and
 the description of what each stage receives and sends (:class:`StageGraph`). Torch code lives in
-submodules imported explicitly: :mod:`meshcast.pipeline.tensor_parallel` and :mod:`meshcast.models`.
+submodules imported explicitly: :mod:`meshcast.parallel.tensor_parallel` and :mod:`meshcast.models`.
 """
 
 from .graph import StageGraph, TensorEdge

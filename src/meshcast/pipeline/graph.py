@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..dtypes import dtype_name, itemsize
+from ..core.dtypes import dtype_name, itemsize
 from .simulator import Link
 
 __all__ = ["StageGraph", "TensorEdge"]

@@ -46,13 +46,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..layout import Layout
-from ..mesh import Mesh
-from ..plan import Plan
-from ..planner import STRATEGIES, plan
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from ..core.plan import Plan
+from ..core.task import ReshardTask
+from ..core.topology import Topology
+from ..planning.planner import STRATEGIES, plan
 from ..runtime import ReshardError, reshard
-from ..task import ReshardTask
-from ..topology import Topology
 from .graph import StageGraph, TensorEdge
 from .schedules import schedule as make_schedule
 

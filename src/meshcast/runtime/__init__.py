@@ -1,6 +1,7 @@
 """The runtime: run plans on ``torch.distributed`` (imports torch; the planning core does not).
 
 - :func:`reshard` runs a plan on every rank it involves (execute.py);
+- :func:`reshard_many` runs many plans in bounded buckets of packed messages (many.py);
 - :func:`launch` starts local processes with a gloo group for examples and tests (launch.py);
 - :func:`detect_topology` reads which host each rank is on (detect.py);
 - :func:`transfer_stats` returns the byte counters the runtime fills as it sends (stats.py).
@@ -11,6 +12,7 @@ from .errors import ReshardError
 from .execute import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_TIMEOUT, reshard
 from .groups import group_cache
 from .launch import LaunchError, launch
+from .many import ManyStats, last_many_stats, reshard_many
 from .stats import TransferStats, reset_transfer_stats, transfer_stats
 
 __all__ = [
@@ -18,12 +20,15 @@ __all__ = [
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_TIMEOUT",
     "LaunchError",
+    "ManyStats",
     "ReshardError",
     "TransferStats",
     "detect_topology",
     "group_cache",
+    "last_many_stats",
     "launch",
     "reset_transfer_stats",
     "reshard",
+    "reshard_many",
     "transfer_stats",
 ]

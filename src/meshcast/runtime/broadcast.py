@@ -1,8 +1,8 @@
 """Host-aware broadcast from point-to-point messages (gloo's own broadcast crosses a host link
 once per receiver on that link's far side).
 
-The route is :func:`meshcast.plan.broadcast_chain`: the sender feeds its local receivers and the
-leader of the next receiving host; each leader receives chunk by chunk from the previous leader
+The route is :func:`meshcast.core.plan.broadcast_chain`: the sender feeds its local receivers and
+the leader of the next receiving host; each leader receives chunk by chunk from the previous leader
 and, as soon as a chunk is in, forwards it to the next leader and to its own host's receivers.
 Chunks pipeline along the chain, so it runs at link speed and the data enters each host once.
 A leader's relay runs in its own thread so that the rank's other operations are not held up.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layout import Box, box_size
-from ..plan import Broadcast
+from ..core.layout import Box, box_size
+from ..core.plan import Broadcast
 from .chunks import chunk_boxes, relative
 from .p2p import Budget, Failures, PeerFault, Pending, Transport
 

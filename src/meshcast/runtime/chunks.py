@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterator
 from itertools import product
 
-from ..layout import Box
+from ..core.layout import Box
 
 __all__ = ["boxes_overlap", "chunk_boxes", "relative"]
 

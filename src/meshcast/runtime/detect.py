@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch.distributed as dist
 
-from ..job import TOPOLOGY_ENV, read_job_hosts, with_link_rates
-from ..topology import Topology
+from ..core.job import TOPOLOGY_ENV, read_job_hosts, with_link_rates
+from ..core.topology import Topology
 from .stats import set_hosts_source
 
 __all__ = ["TOPOLOGY_ENV", "detect_topology", "real_host_map"]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ..plan import Plan
+from ..core.plan import Plan
 from .agree import agree, refuse_early
 from .blame import diagnose
 from .board import Call, next_step

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..topology import Topology
+from ..core.topology import Topology
 from .detect import TOPOLOGY_ENV
 from .ranks import LaunchError, run_ranks
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ..layout import Box, box_size
-from ..plan import AllGather, Broadcast, Copy, Plan, Send
+from ..core.layout import Box, box_size
+from ..core.plan import AllGather, Broadcast, Copy, Plan, Send
 from .chunks import boxes_overlap, chunk_boxes, relative
 from .errors import ReshardError
 from .tensors import as_bytes

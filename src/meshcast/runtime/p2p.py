@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..layout import Box
+from ..core.layout import Box
 from .blame import Fault
 from .board import Call
 from .errors import ReshardError

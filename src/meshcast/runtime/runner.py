@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..layout import Box, box_size
-from ..plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
+from ..core.layout import Box, box_size
+from ..core.plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
 from .broadcast import Relay, chain_role
 from .chunks import boxes_overlap, chunk_boxes, relative
 from .p2p import Budget, Failures, PeerFault, Pending, Reaper, Transport

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import Box, box_shape
-from ..task import ReshardTask
+from ..core.layout import Box, box_shape
+from ..core.task import ReshardTask
 
 __all__ = ["as_bytes", "as_carrier", "carrier_dtype", "check_local", "empty_out", "torch_dtype"]
 

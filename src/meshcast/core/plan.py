@@ -206,7 +206,7 @@ class Plan:
         """Raise ``ValueError`` naming the first missing or wrong region (rank, box, operation
         index) unless the plan delivers every destination element of every rank exactly once and
         every operation reads only data its sender holds or has received earlier
-        (:mod:`meshcast.plan_check`). Checked once per plan object; the verdict is kept."""
+        (:mod:`meshcast.core.plan_check`). Checked once per plan object; the verdict is kept."""
         if "error" not in self._verdict:
             from .plan_check import plan_error
 

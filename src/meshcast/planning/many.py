@@ -28,11 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..layout import Box, box_size, split_box
-from ..plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
-from ..planner import plan as plan_one
-from ..task import ReshardTask, iter_slices
-from ..topology import Topology
+from ..core.layout import Box, box_size, split_box
+from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
+from ..core.task import ReshardTask, iter_slices
+from ..core.topology import Topology
+from .planner import plan as plan_one
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import as_shape
+from .checks import as_shape
 from .dtypes import DTypeLike, dtype_name, itemsize, numpy_dtype
 from .layout import Box, Layout, box_size
 

@@ -7,7 +7,7 @@ The model (see ``docs/scheduling.md``):
 * An operation first pays a start-up latency (``latency_us``, once per operation: a broadcast's
   chain is pipelined in chunks), then moves its bytes.
 * A transfer that crosses hosts loads NICs: a ``Send`` the sender's outbound NIC and the
-  receiver's inbound NIC; a ``Broadcast`` follows :func:`meshcast.plan.broadcast_chain`: the
+  receiver's inbound NIC; a ``Broadcast`` follows :func:`meshcast.core.plan.broadcast_chain`: the
   sender's outbound NIC, the inbound NIC of each receiving host's leader once, and the outbound NIC
   of every leader that forwards to the next host. The chain is pipelined, so the whole broadcast
   moves at the rate of its slowest link.
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from .layout import box_size
-from .plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
-from .topology import Topology
+from ..core.layout import box_size
+from ..core.plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
+from ..core.topology import Topology
 
 __all__ = ["SimReport", "simulate", "time_floor"]
 

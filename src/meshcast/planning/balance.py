@@ -32,11 +32,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .layout import Box, box_size, split_box
-from .lower_bound import lower_bound_details
-from .plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
-from .task import ReshardTask, SliceInfo, iter_slices
-from .topology import Topology
+from ..core.layout import Box, box_size, split_box
+from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
+from ..core.task import ReshardTask, SliceInfo, iter_slices
+from ..core.topology import Topology
+from ..estimate.lower_bound import lower_bound_details
 
 __all__ = [
     "AUTO_SEARCH_BUDGET",
@@ -1146,8 +1146,8 @@ def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | N
     slice has at most one receiver to reach, the three strategies build the same operations
     (one ``Send`` per transfer, the same senders, the same order), so one strategy stands for all.
     """
+    from ..estimate.simulate import simulate, time_floor
     from .planner import STRATEGIES, plan
-    from .simulate import simulate, time_floor
 
     large, exact, phased = _large_plan(task, topology)
     best, best_t = large, exact if exact is not None else simulate(large, topology).time_s
@@ -1197,7 +1197,7 @@ def _local_search(
     Seeded; at most :data:`AUTO_SEARCH_STEPS` moves and :data:`AUTO_SEARCH_BUDGET` simulated
     operations in all. Returns the best order and its simulated time.
     """
-    from .simulate import simulate
+    from ..estimate.simulate import simulate
 
     n = len(ops)
     cur = list(ops)
@@ -1227,7 +1227,7 @@ def _simulate_all(
     task: ReshardTask, topology: Topology, candidates: list[tuple[str, str, tuple[Op, ...], tuple]]
 ) -> list[float]:
     """Simulated time of every candidate (each distinct op list simulated once)."""
-    from .simulate import simulate
+    from ..estimate.simulate import simulate
 
     seen: dict[tuple, float] = {}
     out: list[float] = []

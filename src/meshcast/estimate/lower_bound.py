@@ -39,8 +39,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .task import ReshardTask
-from .topology import Topology
+from ..core.task import ReshardTask
+from ..core.topology import Topology
 
 __all__ = ["LowerBound", "lower_bound", "lower_bound_details"]
 

@@ -1,6 +1,6 @@
 """``reshard_many``: run the plans of many tensors at once, in bounded buckets of packed messages.
 
-Every rank runs the same :class:`~meshcast.interop.plans.Schedule`: its local copies first, then
+Every rank runs the same :class:`~meshcast.planning.many.Schedule`: its local copies first, then
 bucket after bucket, phase after phase. In a phase a rank posts all its receives, then packs the
 message for each peer and posts its send at once (so packing the next message overlaps sending the
 previous ones), then unpacks each received message as it arrives. A message that is one contiguous
@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..layout import Box
-from ..plan import Plan
-from ..runtime.agree import agree
-from ..runtime.board import Call, next_step
-from ..runtime.detect import real_host_map
-from ..runtime.execute import DEFAULT_TIMEOUT, finish_call, plan_digest, publish_refusal
-from ..runtime.p2p import Failures, PeerFault, Transport
-from ..runtime.tensors import as_carrier, check_local, empty_out, torch_dtype
-from .plans import DEFAULT_BUCKET_BYTES, Schedule, Segment, build_schedule
+from ..core.layout import Box
+from ..core.plan import Plan
+from ..planning.many import DEFAULT_BUCKET_BYTES, Schedule, Segment, build_schedule
+from .agree import agree
+from .board import Call, next_step
+from .detect import real_host_map
+from .execute import DEFAULT_TIMEOUT, finish_call, plan_digest, publish_refusal
+from .p2p import Failures, PeerFault, Transport
+from .tensors import as_carrier, check_local, empty_out, torch_dtype
 
 __all__ = ["ManyStats", "last_many_stats", "reshard_many"]
 
@@ -127,7 +127,7 @@ def reshard_many(
     list of None at once.
 
     The operations of all plans are cut into buckets so that no rank stages (packs or unpacks)
-    more than ``bucket_bytes`` at once (:func:`meshcast.interop.plans.build_schedule`); within a
+    more than ``bucket_bytes`` at once (:func:`meshcast.planning.many.build_schedule`); within a
     bucket each pair of ranks exchanges one packed message per phase. Inputs are checked on every
     rank and the plan ranks agree through the store before any data moves: a bad input, or plans
     or ``bucket_bytes`` that differ between ranks, raise ``ValueError`` everywhere at once, naming

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import as_index
+from .checks import as_index
 
 __all__ = ["Mesh"]
 

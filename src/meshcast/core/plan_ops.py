@@ -1,4 +1,4 @@
-"""The operations of a plan read into arrays for :mod:`meshcast.plan_check`.
+"""The operations of a plan read into arrays for :mod:`meshcast.core.plan_check`.
 
 :func:`read_ops` records, in plan order, what every operation reads and writes: ``src`` rows (op
 index, position of the sender in the source mesh, box read from its source shard), ``dst`` rows

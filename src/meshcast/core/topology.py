@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._checks import as_index
+from .checks import as_index
 from .mesh import Mesh
 
 __all__ = ["PRESETS", "Topology"]

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from .layout import split_box
-from .plan import AllGather, Broadcast, Copy, Op, Plan, Send
-from .task import ReshardTask, iter_slices
-from .topology import Topology
+from ..core.layout import split_box
+from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send
+from ..core.task import ReshardTask, iter_slices
+from ..core.topology import Topology
 
 __all__ = ["BALANCES", "STRATEGIES", "plan"]
 
@@ -22,8 +22,8 @@ BALANCES = ("none", "size", "order", "auto")
 """How senders (and order) are chosen among the holders of a slice: ``"none"`` takes the first
 holder (the paper's "Naive"); ``"size"`` the holder on the host that has sent the fewest bytes so
 far ("Load balance only"); ``"order"`` chooses senders and order jointly (the paper's "Ours":
-seeded greedy rounds plus a bounded search, :mod:`meshcast.balance`); ``"auto"`` is our method
-(LP senders, striping, per-slice strategy, list scheduling, checked by simulation)."""
+seeded greedy rounds plus a bounded search, :mod:`meshcast.planning.balance`); ``"auto"`` is our
+method (LP senders, striping, per-slice strategy, list scheduling, checked by simulation)."""
 
 
 class _SenderChooser:
@@ -62,8 +62,9 @@ def plan(
     bandwidths. ``strategy`` is one of :data:`STRATEGIES`, ``balance`` one of :data:`BALANCES`.
     With neither given, ``balance="auto"`` chooses per slice among the strategies and is never
     slower in :func:`meshcast.simulate` than any fixed strategy x balance (above
-    :data:`meshcast.balance.AUTO_SIM_LIMIT` unit slices: by more than a relative 2e-9, when its
-    one plan is certified optimal against the lower bound). A strategy alone keeps the old default
+    :data:`meshcast.planning.balance.AUTO_SIM_LIMIT` unit slices: by more than a relative 2e-9, when
+    its one plan is certified optimal against the lower bound). A strategy alone keeps the old
+    default
     ``balance="none"``; a balance alone uses ``strategy="broadcast"`` (``"auto"``: any).
     """
     if not isinstance(task, ReshardTask):

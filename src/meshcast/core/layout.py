@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import as_index, as_shape
+from .checks import as_index, as_shape
 from .mesh import Mesh
 
 __all__ = [
@@ -168,7 +168,7 @@ class Layout:
         ``Shard`` and ``Replicate`` only (``Partial`` raises ValueError: see
         :func:`meshcast.reshard_dtensor`, which reduces it on the way). Imports torch.
         """
-        from .interop.dtensor import layout_from_dtensor
+        from ..interop.dtensor import layout_from_dtensor
 
         return layout_from_dtensor(dt)
 

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..mesh import Mesh
+from ..core.mesh import Mesh
+from ..core.topology import Topology
 from ..models import gpt, utransformer
-from ..topology import Topology
-from .graph import StageGraph
-from .runtime import PipelineRuntime, StepResult
+from ..pipeline.graph import StageGraph
+from ..pipeline.runtime import PipelineRuntime, StepResult
 
 __all__ = [
     "TrainJob",

@@ -1,4 +1,5 @@
-"""Exact covers of boxes by boxes, decided from signed corners (used by :mod:`meshcast.plan_check`).
+"""Exact covers of boxes by boxes, decided from signed corners (used by
+:mod:`meshcast.core.plan_check`).
 
 A box ``[a, b)`` in ``d`` dimensions has the indicator ``prod_j (H(x_j - a_j) - H(x_j - b_j))``
 (``H`` the unit step), a sum over its ``2^d`` corners ``v`` of ``(-1)^(upper coordinates of v)``

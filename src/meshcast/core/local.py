@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ._checks import as_shape
+from .checks import as_shape
 from .layout import Box, Layout, box_shape
 from .plan import AllGather, Broadcast, Copy, Plan, Send
 

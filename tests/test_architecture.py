@@ -1,0 +1,249 @@
+"""The architecture rules, checked on the source: layers import one way only (no import cycle at
+all, imports inside functions counted), and no module or function is over the readable size.
+
+Everything here reads the code as text (``ast``); nothing is imported or run. The ``STILL_*``
+sets list what breaks a rule today; each must shrink to empty (a listed item that no longer
+breaks the rule fails the test too, so a fix cannot be forgotten in the list).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
+PACKAGE = "meshcast"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+LAYERS = (
+    "core",
+    "estimate",
+    "planning",
+    "runtime",
+    "interop",
+    "parallel",
+    "pipeline",
+    "models",
+    "training",
+    "cluster",
+    "bench",
+    "cli",
+)
+"""Sub-packages from the bottom up: a module may import its own layer and the layers below."""
+
+STILL_BACK_EDGES = {
+    ("meshcast.core.plan", "meshcast.core.plan_check"),
+    ("meshcast.core.topology", "meshcast.core.job"),
+    ("meshcast.core.layout", "meshcast.interop.dtensor"),
+    ("meshcast.planning.balance", "meshcast.planning.planner"),
+}
+"""Imports that close a cycle today (removing them leaves no cycle)."""
+
+STILL_UPWARD = {
+    "meshcast.core.layout -> meshcast.interop.dtensor",
+    "meshcast.runtime.launch -> meshcast.cluster.spawn",
+    "meshcast.runtime.launch -> meshcast.cluster.cluster",
+    "meshcast.runtime.launch -> meshcast.cluster._net",
+    "meshcast.runtime.launch -> meshcast.cluster.torchrun",
+    "meshcast.interop.cluster_job -> meshcast.cluster.cluster",
+    "meshcast.interop.cluster_job -> meshcast.cluster.torchrun",
+    "meshcast.interop.cluster_job -> meshcast.cluster.spawn",
+    "meshcast.interop.cluster_job -> meshcast.cluster._net",
+}
+"""Imports of a higher layer today."""
+
+STILL_BIG = {
+    "meshcast.bench.resharding",
+    "meshcast.cli.bench_pipeline",
+    "meshcast.cluster.cluster",
+    "meshcast.pipeline.runtime",
+    "meshcast.planning.balance",
+}
+"""Modules over :data:`MAX_MODULE_LINES` today."""
+
+STILL_LONG = {
+    "meshcast.bench.resharding.case_worker",
+    "meshcast.bench.resharding.run_suite",
+    "meshcast.cli.bench_pipeline.run_cluster",
+    "meshcast.cli.bench_resharding.run",
+    "meshcast.cli.bench_weights.weights_worker",
+    "meshcast.estimate.simulate._run",
+    "meshcast.interop.state_dict.reshard_state_dict",
+    "meshcast.pipeline.runtime.__init__",
+    "meshcast.pipeline.runtime._run",
+    "meshcast.pipeline.runtime.train_step",
+    "meshcast.pipeline.simulator.simulate_pipeline",
+    "meshcast.planning.balance._large_plan",
+    "meshcast.planning.balance._list_schedule",
+    "meshcast.planning.balance._own_items",
+    "meshcast.planning.balance._phased_sends",
+    "meshcast.planning.balance.order_plan",
+    "meshcast.planning.many.build_schedule",
+    "meshcast.runtime.many.reshard_many",
+    "meshcast.runtime.nccl.run_nccl",
+}
+"""Functions over :data:`MAX_FUNCTION_LINES` today."""
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """Modules of the package that ``name`` imports anywhere (top level or inside functions)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES and "." in target:
+                target = target.rpartition(".")[0]
+            if target in MODULES and target != name:
+                found.add(target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    """Import edges between modules; a package ``__init__`` that only hands names on is followed
+    through to the modules it imports (it is a face, not a node)."""
+    raw = {name: _imports(name, path) for name, path in MODULES.items()}
+    faces = {n for n, p in MODULES.items() if p.name == "__init__.py"}
+
+    def through(target: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        if target not in faces:
+            return {target}
+        if target in seen:
+            return set()
+        out: set[str] = set()
+        for t in raw[target]:
+            out |= through(t, seen | {target})
+        return out
+
+    return {
+        n: set().union(*(through(t) for t in targets)) - {n}
+        for n, targets in raw.items()
+        if n not in faces
+    } | {n: set() for n in faces}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (iterative Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _layer(name: str) -> int | None:
+    parts = name.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_no_import_cycle_counting_imports_inside_functions() -> None:
+    graph = _graph()
+    assert {(a, b) for a, b in STILL_BACK_EDGES if b not in graph[a]} == set()
+    for a, b in STILL_BACK_EDGES:
+        graph[a] = graph[a] - {b}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_layers_import_downwards_only() -> None:
+    upward = []
+    for name, targets in _graph().items():
+        mine = _layer(name)
+        for target in targets:
+            theirs = _layer(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                upward.append(f"{name} -> {target}")
+    assert sorted(set(upward) ^ STILL_UPWARD) == []
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    loose = [n for n in MODULES if n != PACKAGE and _layer(n) is None]
+    assert loose == []
+
+
+def _explains_size(node: ast.AST) -> bool:
+    doc = ast.get_docstring(node) or ""
+    return "cannot be split" in doc
+
+
+def test_modules_are_small() -> None:
+    big = {}
+    for name, path in MODULES.items():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES and not _explains_size(ast.parse(path.read_text())):
+            big[name] = lines
+    assert sorted(set(big) ^ STILL_BIG) == [], big
+
+
+def test_functions_are_short() -> None:
+    long = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and not _explains_size(node):
+                    long[f"{name}.{node.name}"] = lines
+    assert sorted(set(long) ^ STILL_LONG) == [], long

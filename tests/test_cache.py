@@ -1,0 +1,33 @@
+"""The bounded cache mechanism (meshcast.core.cache): least recently used out, named, listed and
+cleared through the public functions."""
+
+from __future__ import annotations
+
+import pytest
+
+import meshcast
+from meshcast.core.cache import BoundedCache
+
+
+def test_a_cache_keeps_the_most_recently_used_entries() -> None:
+    cache: BoundedCache[int, str] = BoundedCache("test-lru", 2, "three keys, room for two")
+    cache.put(1, "a")
+    cache.put(2, "b")
+    assert cache.get(1) == "a"  # 1 is now the most recent
+    cache.put(3, "c")  # drops 2
+    assert cache.get(2) is None and cache.get(3) == "c"
+    assert cache.get_or_make(4, lambda: "d") == "d"
+    info = meshcast.cache_info()["test-lru"]
+    assert (info.size, info.maxsize, info.hits, info.misses) == (2, 2, 2, 2)
+    meshcast.clear_caches(["test-lru"])
+    assert meshcast.cache_info()["test-lru"].size == 0
+
+
+def test_bad_names_and_sizes_are_refused() -> None:
+    with pytest.raises(ValueError, match="maxsize must be an integer >= 1, got 0"):
+        BoundedCache("test-zero", 0, "")
+    BoundedCache("test-twice", 1, "")
+    with pytest.raises(ValueError, match="a cache named 'test-twice' exists already"):
+        BoundedCache("test-twice", 1, "")
+    with pytest.raises(ValueError, match=r"no cache named \['nope'\]"):
+        meshcast.clear_caches(["nope"])
