@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .boxes import Box, box_shape, box_size, split_box
 from .checks import as_index, as_shape
 from .mesh import Mesh
 
@@ -32,10 +33,6 @@ __all__ = [
     "box_size",
     "split_box",
 ]
-
-Box = tuple[slice, ...]
-"""A rectangular region of a tensor: one ``slice(start, stop)`` per dimension."""
-
 
 @dataclass(frozen=True)
 class Shard:
@@ -55,40 +52,6 @@ class Replicate:
 Placement = Shard | Replicate
 
 _TOKEN = re.compile(r"R|S\d+")
-
-
-def box_shape(box: Box) -> tuple[int, ...]:
-    """Extent of ``box`` in each dimension."""
-    return tuple(s.stop - s.start for s in box)
-
-
-def box_size(box: Box) -> int:
-    """Number of elements in ``box``."""
-    n = 1
-    for s in box:
-        n *= s.stop - s.start
-    return n
-
-
-def split_box(box: Box, k: int) -> tuple[Box, ...] | None:
-    """``box`` cut into ``k`` non-empty parts along its longest dimension, or None if too small.
-
-    Part sizes follow ``numpy.array_split`` (the first parts one longer).
-    """
-    if not box:
-        return None
-    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
-    lo, hi = box[dim].start, box[dim].stop
-    n = hi - lo
-    if n < k:
-        return None
-    small, extra = divmod(n, k)
-    parts, start = [], lo
-    for i in range(k):
-        stop = start + small + (i < extra)
-        parts.append((*box[:dim], slice(start, stop), *box[dim + 1 :]))
-        start = stop
-    return tuple(parts)
 
 
 def _parse_spec(spec: str, mesh: Mesh) -> tuple[tuple[int, ...], ...]:

@@ -1,4 +1,5 @@
-"""Geometry of a transfer: boxes relative to a shard, and a box cut into bounded chunks.
+"""Geometry of a transfer: a box cut into bounded chunks (box-relative slicing and overlap are
+:mod:`meshcast.core.boxes`, re-exported here).
 
 Every rank taking part in an operation cuts its box the same way (a pure function of the box, the
 element size and the chunk size), so sender and receivers agree on message sizes without talking.
@@ -10,19 +11,9 @@ import math
 from collections.abc import Iterator
 from itertools import product
 
-from ..core.layout import Box
+from ..core.boxes import Box, boxes_overlap, relative
 
 __all__ = ["boxes_overlap", "chunk_boxes", "relative"]
-
-
-def relative(box: Box, within: Box) -> tuple[slice, ...]:
-    """``box`` (global coordinates) as slices of the shard that holds ``within``."""
-    return tuple(slice(b.start - w.start, b.stop - w.start) for b, w in zip(box, within))
-
-
-def boxes_overlap(a: Box, b: Box) -> bool:
-    """Whether two boxes share at least one element."""
-    return all(x.start < y.stop and y.start < x.stop for x, y in zip(a, b))
 
 
 def chunk_boxes(box: Box, itemsize: int, chunk_bytes: int) -> list[Box]:
