@@ -1,7 +1,7 @@
 """Clean exit under the real ``torchrun``: a job of 8 gloo ranks that runs reshard (odd strides,
 both posting modes, relays on every host), reshard_many, reshard_dtensor and two pipeline training
 steps, checks every result, destroys the process group and exits, started several times in a row
-(4 here, ``MESHCAST_EXIT_LAUNCHES=20`` for a longer soak): every launch must exit with status 0
+(10 here, ``MESHCAST_EXIT_LAUNCHES=50`` for a longer soak): every launch must exit with status 0
 (no ``terminate called without an active exception``, no thread or pending message outliving a
 call)."""
 
@@ -16,7 +16,7 @@ import pytest
 
 JOB = Path(__file__).with_name("torchrun_exit_job.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-LAUNCHES = int(os.environ.get("MESHCAST_EXIT_LAUNCHES", "4"))
+LAUNCHES = int(os.environ.get("MESHCAST_EXIT_LAUNCHES", "10"))
 
 
 @pytest.mark.timeout(1800)
