@@ -37,16 +37,6 @@ def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> 
     return tuple(float(v) for v in values)
 
 
-def _check_job_covers(topology: Topology, meshes: Sequence[Mesh]) -> None:
-    outside = sorted({r for m in meshes for r in m.devices} - set(topology.ranks))
-    if outside:
-        raise ValueError(
-            f"topology=None: the meshes use ranks {outside[:8]} outside this job, whose "
-            f"{len(topology.ranks)} ranks meshcast placed on hosts from the job's environment; "
-            f"pass topology= to plan for other ranks"
-        )
-
-
 @dataclass(frozen=True)
 class Topology:
     """Hosts of ranks plus link speeds.
@@ -175,24 +165,6 @@ class Topology:
                     seen.update(new)
         return cls(tuple(hosts), **kwargs)
 
-    @classmethod
-    def resolve(cls, topology: Topology | None, *meshes: Mesh) -> Topology:
-        """``topology``; when it is None, the running job's hosts read from its environment
-        (:func:`meshcast.job_topology`: torchrun, ``meshcast.launch``), else, outside a job, the
-        paper's convention (:meth:`from_meshes`). Checked to place every rank of ``meshes``."""
-        if topology is None:
-            from .job import job_topology
-
-            topology = job_topology()
-            if topology is not None:
-                _check_job_covers(topology, meshes)
-                return topology
-            topology = cls.from_meshes(*meshes)
-        elif not isinstance(topology, Topology):
-            raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
-        topology.covers({r for mesh in meshes for r in mesh.devices})
-        return topology
-
     # -- queries ----------------------------------------------------------------------------
     @property
     def num_hosts(self) -> int:
@@ -211,20 +183,10 @@ class Topology:
         except KeyError:
             raise ValueError(f"rank {rank} is not in the topology") from None
 
-    def host_map(self, ranks: Iterable[int]) -> dict[int, int]:
-        """``{rank: host}`` for ``ranks``; every rank must be in the topology."""
-        return {r: self.host_of(r) for r in ranks}
-
-    def nic_of(self, rank: int) -> tuple[int, int]:
-        """(host, NIC index on that host) of ``rank``: devices fill the NICs in equal blocks."""
-        h = self.host_of(rank)
-        ranks = self.hosts[h]
-        per_nic = -(-len(ranks) // self.nics_per_host[h])
-        return h, ranks.index(rank) // per_nic
-
     def global_nics(self) -> tuple[dict[int, int], list[int]]:
         """Every NIC numbered across hosts (host 0's NICs first): ``({rank: global NIC id},
-        [host of each global NIC])``, with devices attached as in :meth:`nic_of`."""
+        [host of each global NIC])``; the devices of a host fill its NICs in equal consecutive
+        blocks."""
         nic_of: dict[int, int] = {}
         host_of_nic: list[int] = []
         for h, ranks in enumerate(self.hosts):

@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..core.job import topology_for_meshes
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 
@@ -77,7 +78,7 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     """The lower bound with its parts (see :class:`LowerBound`)."""
     if not isinstance(task, ReshardTask):
         raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
-    topology = Topology.resolve(topology, task.src.mesh, task.dst.mesh)
+    topology = topology_for_meshes(topology, task.src.mesh, task.dst.mesh)
     dec = task.decomposition
     n_hosts = topology.num_hosts
     host_of = topology._host_of

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..core.job import topology_for_meshes
 from ..core.layout import Box, box_size, split_box
 from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
 from ..core.task import ReshardTask, iter_slices
@@ -64,7 +65,7 @@ def default_topology(tasks: Sequence[ReshardTask]) -> Topology:
         for m in (t.src.mesh, t.dst.mesh):
             if m not in meshes:
                 meshes.append(m)
-    return Topology.resolve(None, *meshes)
+    return topology_for_meshes(None, *meshes)
 
 
 def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str) -> list[Plan]:

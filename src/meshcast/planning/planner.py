@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
+from ..core.job import topology_for_meshes
 from ..core.layout import split_box
 from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send
 from ..core.task import ReshardTask, iter_slices
@@ -79,7 +80,7 @@ def plan(
         raise ValueError(f"strategy={strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")
     if balance not in BALANCES:
         raise ValueError(f"balance={balance!r} is unknown; choose one of {', '.join(BALANCES)}")
-    topology = Topology.resolve(topology, task.src.mesh, task.dst.mesh)
+    topology = topology_for_meshes(topology, task.src.mesh, task.dst.mesh)
     if balance == "auto":
         from .balance import auto_plan
 
