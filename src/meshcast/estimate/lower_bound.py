@@ -42,10 +42,10 @@ import numpy as np
 from ..core.job import topology_for_meshes
 from ..core.task import ReshardTask
 from ..core.topology import Topology
+from ..core.units import GBIT
 
-__all__ = ["LowerBound", "lower_bound", "lower_bound_details"]
+__all__ = ["LowerBound", "bound_seconds", "lower_bound", "lower_bound_details"]
 
-_GBIT = 1e9 / 8
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,26 @@ class LowerBound:
     group_bytes: tuple[int, ...]
     fractions: tuple[tuple[float, ...], ...]
     host_s: float = 0.0
+
+    @property
+    def unmargined_s(self) -> float:
+        """The bound without its downward float margin (:data:`FLOAT_MARGIN`)."""
+        return bound_seconds(
+            self.inbound_s, self.outbound_s, self.latency_s, self.rank_s, self.host_s
+        )
+
+
+FLOAT_MARGIN = 1e-9
+"""Relative margin the bound is lowered by, so that float rounding in the simulator (sums of
+many durations) never puts a plan's simulated time below it."""
+
+
+def bound_seconds(
+    inbound: float, outbound: float, latency: float, rank: float, host: float, margin: float = 0.0
+) -> float:
+    """The lower bound from its parts: the larger of the network bound (inbound or outbound,
+    plus one latency) and the per-rank and per-host bounds, each lowered by ``margin``."""
+    return max(max(inbound, outbound) * (1 - margin) + latency, max(rank, host) * (1 - margin))
 
 
 def _host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts: int) -> np.ndarray:
@@ -96,8 +116,8 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     lacking = ~held
     host_in = ((tile_bytes @ wanted) * lacking).sum(axis=0)
     need_any = (wanted.astype(float) @ lacking.T.astype(float))[t, s] > 0  # some host needs it
-    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * _GBIT
-    b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * _GBIT
+    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * GBIT
+    b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * GBIT
     inbound = float((host_in / b_in).max()) if n_hosts else 0.0
     # outbound: bytes of each source tile that must leave, grouped by holder-host set (exact
     # int64 sums of disjoint parts of the tensor, which has at most 2^63 - 1 bytes)
@@ -113,9 +133,7 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     rank = _rank_bound(topology, per_rank, s, t, nbytes, held, wanted)
     host = _host_bound(topology, per_rank, s, t, nbytes, held, wanted, need_any)
     return LowerBound(
-        seconds=max(
-            max(inbound, outbound) * (1 - 1e-9) + latency, max(rank, host) * (1 - 1e-9)
-        ),
+        seconds=bound_seconds(inbound, outbound, latency, rank, host, FLOAT_MARGIN),
         inbound_s=inbound,
         outbound_s=outbound,
         latency_s=latency,
@@ -196,11 +214,11 @@ def _rank_bound(
         topology.intra_gbps,
         *(g * k for g, k in zip(topology.nic_in_gbps, topology.nics_per_host)),
         *(g * k for g, k in zip(topology.nic_out_gbps, topology.nics_per_host)),
-    ) * _GBIT
+    ) * GBIT
     # a slice no rank of the receiver's host holds reaches it either in one operation that crosses
     # into the host (lat + bytes over one inbound NIC) or in two or more (an AllGather member
     # contributes a part it received before): lat + min(bytes / NIC, lat), not bytes / fastest
-    nic_in = np.array(topology.nic_in_gbps, dtype=float)[rank_host] * _GBIT
+    nic_in = np.array(topology.nic_in_gbps, dtype=float)[rank_host] * GBIT
     held_by_host = held_host.T.astype(float)  # host x src tile
     off_bytes = np.zeros(len(rank_host))
     off_cost = np.zeros(len(rank_host))
@@ -214,7 +232,7 @@ def _rank_bound(
     per_tile = n_send * lat + b_send / fastest
     # senders, with NIC rates: a slice no receiver of which sits on a holder host crosses a NIC
     # in every operation that carries it, at most at the fastest single outbound NIC's rate
-    nic = max(topology.nic_out_gbps) * _GBIT
+    nic = max(topology.nic_out_gbps) * GBIT
     cross = (wanted_host.astype(float) @ held_host.T.astype(float))[t, s] == 0
     busy = lat + nbytes / np.where(cross, nic, fastest)
     per_tile_nic = np.bincount(s[lacks], weights=busy[lacks], minlength=len(held)) / holders
@@ -255,7 +273,7 @@ def _host_bound(
         held_h = held[:, cols]
         if held_h.any():
             k = k - (held_h @ wanted[:, cols].T)[sh, th]
-        tr = bh / (topology.nic_in_gbps[h] * _GBIT)
+        tr = bh / (topology.nic_in_gbps[h] * GBIT)
         recv = np.where(
             held_host[sh, h],
             k * lat + np.minimum(k * tr, lat),
@@ -267,7 +285,7 @@ def _host_bound(
     go = np.flatnonzero(alone & need_any)
     if len(go):
         owner = held_host.argmax(axis=1)[s[go]]
-        nic_out = np.array(topology.nic_out_gbps) * _GBIT
+        nic_out = np.array(topology.nic_out_gbps) * GBIT
         busy = np.bincount(owner, weights=lat + nbytes[go] / nic_out[owner], minlength=len(size))
         best = max(best, float((busy / size).max()))
     return best

@@ -34,10 +34,10 @@ import numpy as np
 from ..core.layout import box_size
 from ..core.plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
 from ..core.topology import Topology
+from ..core.units import GBIT
 
 __all__ = ["SimReport", "simulate", "time_floor"]
 
-_GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class _Nics:
         for g, h in enumerate(self.host_of_nic):
             j = g - self.host_of_nic.index(h)
             self.names += [f"h{h}.nic{j} out", f"h{h}.nic{j} in"]
-            self.caps += [topology.nic_out_gbps[h] * _GBIT, topology.nic_in_gbps[h] * _GBIT]
+            self.caps += [topology.nic_out_gbps[h] * GBIT, topology.nic_in_gbps[h] * GBIT]
 
 
 def _op_model(plan: Plan, topology: Topology, nics: _Nics):
@@ -134,7 +134,7 @@ def _op_model(plan: Plan, topology: Topology, nics: _Nics):
     host_of = topology._host_of
     gid = nics.gid
     lat = topology.latency_us * 1e-6
-    intra = topology.intra_gbps * _GBIT
+    intra = topology.intra_gbps * GBIT
     inf = math.inf
     out = []
     for op in plan.ops:

@@ -33,6 +33,7 @@ from ..core.layout import Box, box_size, split_box
 from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
+from ..core.units import GBIT
 from .planner import plan as plan_one
 
 __all__ = [
@@ -53,7 +54,6 @@ JOINT_STRATEGIES = ("broadcast", "send_recv")
 PLAN_CACHE_SIZE = 64
 """Distinct (tasks, topology, strategy, balance) entries kept (least recently used dropped)."""
 
-_GBIT = 1e9 / 8
 
 
 # -- joint planning ---------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def default_topology(tasks: Sequence[ReshardTask]) -> Topology:
 
 def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str) -> list[Plan]:
     host_of = topology._host_of
-    out_rate = [g * _GBIT for g in topology.nic_out_gbps]
+    out_rate = [g * GBIT for g in topology.nic_out_gbps]
     nics = topology.nics_per_host
     host_load = [0.0] * topology.num_hosts  # bytes given to each host to send across hosts
     rank_load: dict[int, int] = defaultdict(int)
