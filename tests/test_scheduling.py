@@ -15,6 +15,7 @@ import meshcast as mc
 from meshcast.cli import main
 from meshcast.core.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
 from meshcast.core.task import iter_slices
+from meshcast.core.units import GBIT
 from meshcast.planning.auto import auto_plan, local_search, one_remote_receiver
 from meshcast.planning.budgets import AUTO_SIM_LIMIT, CERTIFY_TOL, SEARCH_NODE_BUDGET
 from meshcast.planning.dispatch import dispatch, order_items
@@ -123,7 +124,7 @@ def test_order_and_auto_reach_known_optimum(number, balance):
     topo = mc.Topology.preset("p3.8xlarge", 4)
     strategy = "broadcast" if balance == "order" else None
     plan = mc.plan(task, topo, strategy=strategy, balance=balance)
-    optimum = task.nbytes / 2 / (10e9 / 8) + 2 * 30e-6
+    optimum = task.nbytes / 2 / (10 * GBIT) + 2 * 30e-6
     assert mc.simulate(plan).time_s == pytest.approx(optimum, rel=1e-9)
     for naive in ("none", "size"):
         worse = mc.simulate(mc.plan(task, topo, strategy="broadcast", balance=naive)).time_s
@@ -188,7 +189,7 @@ def test_lower_bound_parts_case2():
     task = PAPER_CASES[1].task()  # RRR -> S0RR: both source hosts hold everything
     topo = mc.Topology.preset("p3.8xlarge", 4)
     lb = mc.lower_bound_details(task, topo)
-    half = task.nbytes / 2 / (10e9 / 8)
+    half = task.nbytes / 2 / (10 * GBIT)
     assert lb.inbound_s == pytest.approx(half)
     assert lb.outbound_s == pytest.approx(half, rel=1e-6)
     assert lb.groups == ((0, 1),) and lb.fractions[0] == pytest.approx((0.5, 0.5), abs=1e-6)
@@ -229,7 +230,7 @@ def test_host_bound_exact_when_every_rank_of_a_host_needs_every_slice():
     operation pays one more latency: 2 * lat + tr + min(tr, lat) per half, over 2 ranks."""
     task, topo = _p3_task((25_000,), "int8", mc.Mesh.from_range(0, (2, 1)), "S0",
                           mc.Mesh.from_range(2, (1, 2)), "R")
-    lat, tr = 30e-6, 12_500 / (10e9 / 8)
+    lat, tr = 30e-6, 12_500 / (10 * GBIT)
     lb = mc.lower_bound_details(task, topo)
     assert lb.host_s == pytest.approx(2 * (2 * lat + tr + min(tr, lat)) / 2, rel=1e-12)
     assert lb.seconds == pytest.approx(lb.host_s, rel=1e-6)
@@ -246,7 +247,7 @@ def test_tile_bound_with_nic_rate_exact_for_single_holder():
     four operations one after another, each a latency plus a quarter over its NIC."""
     task, topo = _p3_task((50_000,), "int8", mc.Mesh.from_range(0, (1, 1)), "R",
                           mc.Mesh.from_range(1, (4, 1)), "S0")
-    lat, tr = 30e-6, 12_500 / (10e9 / 8)
+    lat, tr = 30e-6, 12_500 / (10 * GBIT)
     lb = mc.lower_bound_details(task, topo)
     assert lb.rank_s == pytest.approx(4 * (lat + tr), rel=1e-12)
     for strategy, balance in [(None, "auto"), ("broadcast", "none")]:
@@ -270,7 +271,7 @@ def test_nic_slots_rounds_share_no_nic():
     assert sorted(map(repr, ops)) == sorted(repr(it.op) for it in items)
     for rnd in (ops[:2], ops[2:]):  # two rounds of two host-disjoint sends
         assert len({r for op in rnd for r in op.ranks()}) == 4
-    lat, tr = 30e-6, 32 * 32 * 4 / (10e9 / 8)
+    lat, tr = 30e-6, 32 * 32 * 4 / (10 * GBIT)
     plan = mc.Plan(task, tuple(ops), "broadcast", "auto", topo)
     assert mc.simulate(plan).time_s == pytest.approx(2 * (lat + tr), rel=1e-9)
 

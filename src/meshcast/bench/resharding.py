@@ -52,7 +52,8 @@ from ..core.layout import Box, Layout
 from ..core.mesh import Mesh
 from ..core.plan import Plan
 from ..core.task import ReshardTask
-from ..core.topology import PRESETS, Topology
+from ..core.topology import EMULATED_INTRA_GBPS, PRESETS, Topology
+from ..core.units import GBIT
 from ..estimate.lower_bound import lower_bound
 from ..estimate.simulate import simulate
 from ..planning.planner import plan as make_plan
@@ -321,8 +322,8 @@ def baseline_model(case: BenchCase, method: str, topology: Topology) -> tuple[fl
     sends) run one after another."""
     task = case.task
     host_of = topology._host_of
-    nic = topology.nic_in_gbps[0] * 1e9 / 8
-    intra = topology.intra_gbps * 1e9 / 8
+    nic = topology.nic_in_gbps[0] * GBIT
+    intra = topology.intra_gbps * GBIT
     lat = topology.latency_us * 1e-6
     item = task.itemsize
     across = 0
@@ -757,7 +758,7 @@ def estimate_s(
     simulated time at ``nic_gbit`` (slowed by 1.3) plus a fixed overhead."""
     total = 0.0
     for case in cases:
-        topo = case.topology(nic_gbit * PAYLOAD_FRACTION, 20.0, PLAN_LATENCY_US)
+        topo = case.topology(nic_gbit * PAYLOAD_FRACTION, EMULATED_INTRA_GBPS, PLAN_LATENCY_US)
         sims = simulated_rows([case], methods, lambda c, t=topo: t)
         seen: set[Any] = set()
         runs = 0.0
@@ -853,7 +854,9 @@ def run_suite(
     tmp = tempfile.mkdtemp(prefix="meshcast-bench-")
     try:
         for case in cases:
-            plan_topo = case.topology(nic_gbit * PAYLOAD_FRACTION, 20.0, PLAN_LATENCY_US)
+            plan_topo = case.topology(
+                nic_gbit * PAYLOAD_FRACTION, EMULATED_INTRA_GBPS, PLAN_LATENCY_US
+            )
             run_list, plans, same, skipped = job_methods(case, methods, plan_topo)
             path = os.path.join(tmp, f"{case.key}.progress")
             spec = JobSpec(
@@ -899,7 +902,7 @@ def run_suite(
             probes[case.key] = probe
             sim_topo = case.topology(
                 probe.get("cross_gbps", nic_gbit * PAYLOAD_FRACTION),
-                probe.get("intra_gbps", 20.0),
+                probe.get("intra_gbps", EMULATED_INTRA_GBPS),
                 probe.get("latency_us", PLAN_LATENCY_US),
             )
             bound = lower_bound(case.task, sim_topo)

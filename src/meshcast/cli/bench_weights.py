@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from ..cluster import nic_tx_bytes
+from ..core.units import GBIT
 from .common import comma_list, integer, number, working
 
 METHODS = ("meshcast", "gather-broadcast", "full-tensor")
@@ -195,7 +196,7 @@ def joint_lower_bound(tasks, topology) -> float:
         d = lower_bound_details(t, topology)
         host_in += d.host_in_bytes
         single = max(single, d.seconds)
-    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * 1e9 / 8
+    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * GBIT
     return max(float((host_in / b_in).max()) + topology.latency_us * 1e-6, single)
 
 

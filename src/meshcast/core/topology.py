@@ -13,7 +13,7 @@ from typing import Any
 from .checks import as_index
 from .mesh import Mesh
 
-__all__ = ["PRESETS", "Topology"]
+__all__ = ["EMULATED_INTRA_GBPS", "PRESETS", "Topology"]
 
 # name -> (devices per host, NICs per host, Gbit/s per NIC, intra-host Gbit/s, latency in us)
 PRESETS: dict[str, tuple[int, int, float, float, float]] = {
@@ -23,6 +23,10 @@ PRESETS: dict[str, tuple[int, int, float, float, float]] = {
     "h100x8": (8, 8, 400.0, 3600.0, 10.0),
 }
 PRESETS["modern"] = PRESETS["h100x8"]  # the issue's name for the modern node
+
+EMULATED_INTRA_GBPS = 20.0
+"""Intra-host bandwidth (Gbit/s) of the emulated cluster (:mod:`meshcast.cluster`): gloo over
+loopback inside one namespace, measured on the 2-core development machine (docs/cluster.md)."""
 
 
 def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> tuple[float, ...]:
