@@ -23,13 +23,12 @@ from meshcast.planning.items import own_items
 from meshcast.planning.large import large_plan
 from meshcast.planning.order import order_plan
 
-P3 = dict(nic_in_gbps=10.0, nic_out_gbps=10.0, intra_gbps=800.0, latency_us=30.0)
 FIXED = [(s, b) for s in mc.STRATEGIES for b in ("none", "size", "order")]
 
 
 def p3_topology(task: mc.ReshardTask) -> mc.Topology:
     """Hosts = mesh rows, links of the p3.8xlarge preset."""
-    return mc.Topology.from_meshes(task.src.mesh, task.dst.mesh, **P3)
+    return mc.Topology.preset_for_meshes("p3.8xlarge", task.src.mesh, task.dst.mesh)
 
 
 @settings(max_examples=40, deadline=None)
@@ -291,10 +290,9 @@ def test_dispatch_orders_are_permutations_and_deterministic(seeded):
 
 
 def _h100_like(task: mc.ReshardTask) -> mc.Topology:
-    """Hosts = mesh rows, one NIC per rank (no two ranks share a NIC)."""
-    return mc.Topology.from_meshes(task.src.mesh, task.dst.mesh, nics_per_host=8,
-                                   nic_in_gbps=400.0, nic_out_gbps=400.0, intra_gbps=3600.0,
-                                   latency_us=10.0)
+    """Hosts = mesh rows, links of the h100x8 preset: one NIC per rank (no two ranks share a
+    NIC)."""
+    return mc.Topology.preset_for_meshes("h100x8", task.src.mesh, task.dst.mesh)
 
 
 @pytest.mark.parametrize("specs", [

@@ -93,7 +93,7 @@ class Plan:
 
     def transfers(self) -> Iterator[Transfer]:
         """All rank-to-rank movements of the host-aware realisation, in plan order."""
-        host_of = self.topology._host_of
+        host_of = self.topology.hosts_by_rank
         for op in self.ops:
             yield from transfers(op, self.task.itemsize, host_of)
 
@@ -118,7 +118,7 @@ class Plan:
 
     def bytes_per_host(self) -> dict[int, tuple[int, int]]:
         """``{host: (bytes out, bytes in)}`` across host boundaries."""
-        host_of = self.topology._host_of
+        host_of = self.topology.hosts_by_rank
         out: dict[int, int] = defaultdict(int)
         inn: dict[int, int] = defaultdict(int)
         for t in self.transfers():

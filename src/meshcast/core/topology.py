@@ -13,7 +13,7 @@ from typing import Any
 from .checks import as_index
 from .mesh import Mesh
 
-__all__ = ["EMULATED_INTRA_GBPS", "PRESETS", "Topology"]
+__all__ = ["EMULATED_INTRA_GBPS", "PRESETS", "Topology", "preset_links"]
 
 # name -> (devices per host, NICs per host, Gbit/s per NIC, intra-host Gbit/s, latency in us)
 PRESETS: dict[str, tuple[int, int, float, float, float]] = {
@@ -27,6 +27,17 @@ PRESETS["modern"] = PRESETS["h100x8"]  # the issue's name for the modern node
 EMULATED_INTRA_GBPS = 20.0
 """Intra-host bandwidth (Gbit/s) of the emulated cluster (:mod:`meshcast.cluster`): gloo over
 loopback inside one namespace, measured on the 2-core development machine (docs/cluster.md)."""
+
+
+def preset_links(name: str) -> dict[str, Any]:
+    """The link keywords of preset ``name`` (:data:`PRESETS`) for :class:`Topology` and
+    :meth:`Topology.from_meshes`: NIC rates both ways, NICs per host, intra-host rate, latency,
+    and the preset's name."""
+    if name not in PRESETS:
+        raise ValueError(f"topology preset {name!r} is unknown; known: {', '.join(PRESETS)}")
+    _, nics, nic, intra, lat = PRESETS[name]
+    return dict(nic_in_gbps=nic, nic_out_gbps=nic, nics_per_host=nics, intra_gbps=intra,
+                latency_us=lat, name=name)
 
 
 def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> tuple[float, ...]:
@@ -145,6 +156,12 @@ class Topology:
         )
 
     @classmethod
+    def preset_for_meshes(cls, name: str, *meshes: Mesh) -> Topology:
+        """Hosts from ``meshes`` by the paper's convention (:meth:`from_meshes`: the last axis of
+        each mesh spans one host), links of the preset ``name`` (:meth:`preset`)."""
+        return cls.from_meshes(*meshes, **preset_links(name))
+
+    @classmethod
     def from_host_map(cls, host_of: Mapping[int, Any], **kwargs: Any) -> Topology:
         """From ``{rank: host label}``; hosts are numbered in order of their smallest rank."""
         groups: dict[Any, list[int]] = {}
@@ -174,6 +191,12 @@ class Topology:
     def num_hosts(self) -> int:
         """Number of hosts."""
         return len(self.hosts)
+
+    @property
+    def hosts_by_rank(self) -> Mapping[int, int]:
+        """``{rank: host index}`` for every rank (the topology's own map: read it, do not change
+        it)."""
+        return self._host_of
 
     @property
     def ranks(self) -> list[int]:

@@ -101,7 +101,7 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     topology = topology_for_meshes(topology, task.src.mesh, task.dst.mesh)
     dec = task.decomposition
     n_hosts = topology.num_hosts
-    host_of = topology._host_of
+    host_of = topology.hosts_by_rank
     held = _host_matrix(dec.holders_of_tile, host_of, n_hosts)
     wanted = _host_matrix(dec.receivers_of_tile, host_of, n_hosts)
     n_dst = len(dec.receivers_of_tile)
@@ -175,7 +175,7 @@ def _rank_tiles(task: ReshardTask, topology: Topology) -> _RankTiles:
     ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
     index = {r: i for i, r in enumerate(ranks)}
     return _RankTiles(
-        np.array([topology._host_of[r] for r in ranks], dtype=np.int64),
+        np.array([topology.hosts_by_rank[r] for r in ranks], dtype=np.int64),
         _rank_matrix(dec.holders_of_tile, index),
         _rank_matrix(dec.receivers_of_tile, index),
     )

@@ -129,7 +129,7 @@ class _Nics:
 def _op_model(plan: Plan, topology: Topology, nics: _Nics):
     """Per op: (ranks, bytes, NIC resources, intra cap or inf, latency s, kind)."""
     itemsize = plan.task.itemsize
-    host_of = topology._host_of
+    host_of = topology.hosts_by_rank
     gid = nics.gid
     lat = topology.latency_us * 1e-6
     intra = topology.intra_gbps * GBIT

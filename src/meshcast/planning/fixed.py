@@ -26,7 +26,7 @@ class _SenderChooser:
 
     def __init__(self, balance: str, topology: Topology) -> None:
         self._balance = balance
-        self._host_of = topology._host_of
+        self._host_of = topology.hosts_by_rank
         self._host_load: dict[int, int] = defaultdict(int)
         self._rank_load: dict[int, int] = defaultdict(int)
 
@@ -71,7 +71,7 @@ def fixed_plan(task: ReshardTask, topology: Topology, strategy: str, balance: st
     """The plan of ``strategy`` (one of :data:`STRATEGIES`) with senders chosen by ``balance``
     (``"none"`` or ``"size"``), operations in slice order."""
     choose = _SenderChooser(balance, topology)
-    host_of = topology._host_of
+    host_of = topology.hosts_by_rank
     emit_slice = _STRATEGY_EMITTERS[strategy]
     ops: list[Op] = []
     fallbacks: list[tuple[int, str]] = []

@@ -32,15 +32,16 @@ latency costs at most 1/64 of its transfer), and at least 1/8 of the bound's byt
 MAX_CHUNKS = 16
 """A broadcast is cut into at most this many chunks. Set once; not derived."""
 SEQ_STRIDE = 64
-"""Order keys of slice ``i``'s items start at ``i * 64``: room for its parts and chunks (at most
-:data:`MAX_CHUNKS` per part) while items of one slice stay together in the tie-break order."""
+"""Order keys of slice ``i``'s items start at ``i * 64``, so that the items of one slice stay
+together in the schedulers' tie-break order (a key is only a tie-break: a slice with more than
+64 items overlapping the next one's keys is harmless)."""
 
 
 class Nets:
     """Per-rank NIC ids and per-NIC bandwidth (bytes/s); NIC load in seconds."""
 
     def __init__(self, topology: Topology) -> None:
-        self.host_of = topology._host_of
+        self.host_of = topology.hosts_by_rank
         self.nic, host_of_nic = topology.global_nics()
         self.out_bw = [topology.nic_out_gbps[h] * GBIT for h in host_of_nic]
         self.in_bw = [topology.nic_in_gbps[h] * GBIT for h in host_of_nic]

@@ -71,7 +71,7 @@ def default_topology(tasks: Sequence[ReshardTask]) -> Topology:
 
 
 def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str) -> list[Plan]:
-    host_of = topology._host_of
+    host_of = topology.hosts_by_rank
     out_rate = [g * GBIT for g in topology.nic_out_gbps]
     nics = topology.nics_per_host
     host_load = [0.0] * topology.num_hosts  # bytes given to each host to send across hosts
@@ -325,7 +325,7 @@ def _buckets(plans: Sequence[Plan], bucket_bytes: int):
     staging: dict[int, int] = defaultdict(int)
     ranks: set[int] = set()
     for k, p in enumerate(plans):
-        host_of = p.topology._host_of
+        host_of = p.topology.hosts_by_rank
         itemsize = p.task.itemsize
         ranks.update(p.ranks)
         for op in p.ops:

@@ -25,6 +25,14 @@ from .fixed import allgather_groups
 
 __all__ = ["order_plan"]
 
+LOAD_NOISE = 0.5
+"""The greedy rounds draw a sender host by its load times a random factor in [1, 1.5): enough
+randomness that the seeded trials differ, while light hosts stay favoured. Set once; not
+derived."""
+IMPROVEMENT = 1e-9
+"""The search keeps an order only if it is faster than the best trial by this relative margin
+(a float tie is no improvement)."""
+
 
 class _Job(NamedTuple):
     """A network transfer whose sender is still open: the holders it may come from."""
@@ -38,7 +46,7 @@ class _Job(NamedTuple):
 
 def _skeleton(task: ReshardTask, topology: Topology, strategy: str):
     """Copies, network jobs (sender still open), all-gathers fed by jobs, fallbacks."""
-    host_of = topology._host_of
+    host_of = topology.hosts_by_rank
     copies: list[Op] = []
     jobs: list[_Job] = []
     gathers: list[AllGather] = []
@@ -76,7 +84,7 @@ class _HostModel:
     """The paper's cost model at host granularity (one NIC's bandwidth per host)."""
 
     def __init__(self, topology: Topology, jobs: list[_Job]) -> None:
-        host_of = topology._host_of
+        host_of = topology.hosts_by_rank
         out_bw = [g * GBIT for g in topology.nic_out_gbps]
         in_bw = [g * GBIT for g in topology.nic_in_gbps]
         intra = topology.intra_gbps * GBIT
@@ -145,9 +153,11 @@ def _greedy_rounds(
             if not free:
                 rest.append(j)
                 continue
-            # favour light load: load scaled by a random factor in [1, 1.5)
+            # favour light load: load scaled by a random factor in [1, 1 + LOAD_NOISE)
             noise = rng.random(len(free))
-            h = free[int(np.argmin([load[x] / mean * (1 + 0.5 * u) for x, u in zip(free, noise)]))]
+            h = free[int(np.argmin(
+                [load[x] / mean * (1 + LOAD_NOISE * u) for x, u in zip(free, noise)]
+            ))]
             busy.update(model.hosts(j, h))
             load[h] += model.dur[j][h]
             order.append((j, h))
@@ -155,7 +165,7 @@ def _greedy_rounds(
     return order, nodes
 
 
-def _search(
+def _branch_and_bound(
     model: _HostModel, net: list[int], num_hosts: int, incumbent: float, budget: int
 ) -> list[tuple[int, int]] | None:
     """Depth-first branch and bound over (next transfer, sender); None if nothing better."""
@@ -164,7 +174,7 @@ def _search(
     for j in net:
         for x in model.recv_hosts[j]:
             must[x] += min(model.dur[j].values())
-    best: list = [incumbent * (1 - 1e-9), None]
+    best: list = [incumbent * (1 - IMPROVEMENT), None]
     chosen: list[tuple[int, int]] = []
     nodes = 0
     lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
@@ -207,7 +217,10 @@ def _search(
     return best[1]
 
 
-def _pick_rank(holders: tuple[int, ...], host: int, host_of: dict[int, int], load: dict) -> int:
+def _least_loaded_holder_on_host(
+    holders: tuple[int, ...], host: int, host_of: dict[int, int], load: dict
+) -> int:
+    """The holder on ``host`` that has sent the fewest bytes so far (first listed on ties)."""
     on_host = [r for r in holders if host_of[r] == host]
     r = min(on_host, key=lambda x: (load.get(x, 0), on_host.index(x)))
     return r
@@ -235,7 +248,7 @@ def order_plan(
     net = [j for j in range(len(jobs)) if model.local[j] is None]
     best, makespan = _best_of_trials(model, net, n_hosts, seed, trials, node_budget)
     if 0 < len(net) <= SEARCH_MAX_JOBS:
-        found = _search(model, net, n_hosts, makespan, search_budget)
+        found = _branch_and_bound(model, net, n_hosts, makespan, search_budget)
         if found is not None:
             best = found
     ops = _ops_in_order(model, jobs, gathers, best, copies, topology)
@@ -293,7 +306,7 @@ def _ops_in_order(
     left = [len(g.group) for g in gathers]
     for j, h in sequence:
         job = jobs[j]
-        r = _pick_rank(job.holders, h, topology._host_of, rank_load)
+        r = _least_loaded_holder_on_host(job.holders, h, topology.hosts_by_rank, rank_load)
         rank_load[r] = rank_load.get(r, 0) + job.nbytes
         ops.append(_job_op(job, r))
         if job.gather >= 0:
