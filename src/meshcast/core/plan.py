@@ -27,6 +27,7 @@ from .ops import (
 from .plan_check import plan_error
 from .task import ReshardTask
 from .topology import Topology
+from .units import fmt_bytes
 
 __all__ = [
     "AllGather",
@@ -137,13 +138,13 @@ class Plan:
         lines = [
             f"plan: {self.task.describe()}",
             f"strategy={self.strategy} balance={self.balance} ops={len(self.ops)} "
-            f"tensor={_fmt_bytes(self.task.nbytes)} topology={self.topology.num_hosts} hosts"
+            f"tensor={fmt_bytes(self.task.nbytes)} topology={self.topology.num_hosts} hosts"
             + (f" ({self.topology.name})" if self.topology.name else ""),
             "",
             f"{'operation':<10} {'count':>8} {'bytes':>12}",
         ]
         for kind, (count, nbytes) in self.bytes_by_kind().items():
-            lines.append(f"{kind:<10} {count:>8} {_fmt_bytes(nbytes):>12}")
+            lines.append(f"{kind:<10} {count:>8} {fmt_bytes(nbytes):>12}")
         if self.fallbacks:
             reasons: dict[str, int] = defaultdict(int)
             for _, why in self.fallbacks:
@@ -157,15 +158,15 @@ class Plan:
                 lines.append(f"   ... {len(per_rank) - max_rows} more ranks")
                 break
             lines.append(
-                f"{r:>6} {self.topology.host_of(r):>5} {_fmt_bytes(s):>12} {_fmt_bytes(v):>12}"
+                f"{r:>6} {self.topology.host_of(r):>5} {fmt_bytes(s):>12} {fmt_bytes(v):>12}"
             )
         lines += ["", f"{'host':>5} {'out':>12} {'in':>12}"]
         for h, (o, v) in self.bytes_per_host().items():
             if h == max_rows:
                 lines.append(f"  ... {self.topology.num_hosts - max_rows} more hosts")
                 break
-            lines.append(f"{h:>5} {_fmt_bytes(o):>12} {_fmt_bytes(v):>12}")
-        lines.append(f"across hosts: {_fmt_bytes(self.cross_host_bytes())}")
+            lines.append(f"{h:>5} {fmt_bytes(o):>12} {fmt_bytes(v):>12}")
+        lines.append(f"across hosts: {fmt_bytes(self.cross_host_bytes())}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -214,11 +215,3 @@ def check_plan(plan: Plan) -> None:
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
     plan.check()
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if abs(n) < 1024 or unit == "EiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError

@@ -34,6 +34,7 @@ The bound holds for every plan the simulator can run; ``efficiency = lower_bound
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -44,7 +45,15 @@ from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..core.units import GBIT
 
-__all__ = ["LowerBound", "bound_seconds", "lower_bound", "lower_bound_details"]
+__all__ = [
+    "FLOAT_MARGIN",
+    "LowerBound",
+    "bound_seconds",
+    "inbound_seconds",
+    "joint_lower_bound",
+    "lower_bound",
+    "lower_bound_details",
+]
 
 
 
@@ -94,6 +103,25 @@ def _host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts:
     return out
 
 
+def inbound_seconds(host_in: np.ndarray, topology: Topology) -> float:
+    """The inbound bound: the busiest host's bytes in (``host_in[h]``) over all its NICs."""
+    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * GBIT
+    return float((host_in / b_in).max())
+
+
+def joint_lower_bound(tasks: Sequence[ReshardTask], topology: Topology) -> float:
+    """Seconds no joint run of ``tasks`` (all at once, e.g. a weight sync) can beat on
+    ``topology``: the busiest host's inbound bytes of all tasks together, plus one latency, and
+    no less than any one task's :func:`lower_bound`."""
+    host_in = np.zeros(topology.num_hosts)
+    single = 0.0
+    for t in tasks:
+        d = lower_bound_details(t, topology)
+        host_in += d.host_in_bytes
+        single = max(single, d.seconds)
+    return max(inbound_seconds(host_in, topology) + topology.latency_us * 1e-6, single)
+
+
 def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> LowerBound:
     """The lower bound with its parts (see :class:`LowerBound`)."""
     if not isinstance(task, ReshardTask):
@@ -116,9 +144,8 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     lacking = ~held
     host_in = ((tile_bytes @ wanted) * lacking).sum(axis=0)
     need_any = (wanted.astype(float) @ lacking.T.astype(float))[t, s] > 0  # some host needs it
-    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * GBIT
     b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * GBIT
-    inbound = float((host_in / b_in).max()) if n_hosts else 0.0
+    inbound = inbound_seconds(host_in, topology) if n_hosts else 0.0
     # outbound: bytes of each source tile that must leave, grouped by holder-host set (exact
     # int64 sums of disjoint parts of the tensor, which has at most 2^63 - 1 bytes)
     leave = _sum_by(s, np.where(need_any, exact, 0), len(held))
