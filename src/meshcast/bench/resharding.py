@@ -52,7 +52,7 @@ from ..core.layout import Box, Layout
 from ..core.mesh import Mesh
 from ..core.plan import Plan
 from ..core.task import ReshardTask
-from ..core.topology import EMULATED_INTRA_GBPS, PRESETS, Topology
+from ..core.topology import EMULATED_INTRA_GBPS, Topology, preset_links
 from ..core.units import GBIT
 from ..estimate.lower_bound import lower_bound
 from ..estimate.simulate import simulate
@@ -701,20 +701,10 @@ def simulated_rows(
 
 def preset_topology(name: str) -> Callable[[BenchCase], Topology]:
     """Hosts = mesh rows (as emulated), links of the preset ``name`` (e.g. ``p3.8xlarge``)."""
-    if name not in PRESETS:
-        raise ValueError(f"topology preset {name!r} is unknown; known: {', '.join(PRESETS)}")
-    _, nics, nic, intra, lat = PRESETS[name]
+    preset_links(name)  # an unknown name raises here, naming the known ones
 
     def topo(case: BenchCase) -> Topology:
-        return Topology.uniform(
-            case.hosts,
-            case.devices_per_host,
-            nic_gbps=nic,
-            nics_per_host=nics,
-            intra_gbps=intra,
-            latency_us=lat,
-            name=name,
-        )
+        return Topology.preset(name, case.hosts, devices_per_host=case.devices_per_host)
 
     return topo
 

@@ -138,15 +138,23 @@ class Topology:
         )
 
     @classmethod
-    def preset(cls, name: str, num_hosts: int, *, first_rank: int = 0) -> Topology:
+    def preset(
+        cls,
+        name: str,
+        num_hosts: int,
+        *,
+        first_rank: int = 0,
+        devices_per_host: int | None = None,
+    ) -> Topology:
         """A named cluster: ``"p3.8xlarge"`` (the paper's) or ``"h100x8"`` / ``"modern"`` (8 GPUs,
-        8 x 400 Gbit/s NICs)."""
+        8 x 400 Gbit/s NICs). ``devices_per_host`` overrides the preset's count (its links
+        stay)."""
         if name not in PRESETS:
             raise ValueError(f"topology preset {name!r} is unknown; known: {', '.join(PRESETS)}")
         dph, nics, nic, intra, lat = PRESETS[name]
         return cls.uniform(
             num_hosts,
-            dph,
+            dph if devices_per_host is None else devices_per_host,
             nic_gbps=nic,
             nics_per_host=nics,
             intra_gbps=intra,
