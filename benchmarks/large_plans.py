@@ -6,7 +6,7 @@
    rank (``S01RR -> RS01R``, 12 x 8 ranks each side, so 9,216 slices), on
    ``Topology.uniform`` clusters with 2, 3, 4 or 8 ranks per host, 1 or 2 NICs per host, 1-100
    Gbit/s NICs and 30 us start-up. Prints simulated time / lower bound of both orders of
-   ``meshcast.planning.balance._large_plan`` and checks the phased plan's data exactly.
+   ``meshcast.planning.large.large_plan`` and checks the phased plan's data exactly.
 2. The 64x8 -> 64x8 case of the planner-speed target (4096 x 4096 x 64 float32, 262,144 slices)
    on ``Topology.uniform(256, 4, nic_gbps=10)`` (four ranks per NIC, so no certificate): the time
    ``meshcast.plan`` takes and the plan it keeps, then the parts timed one by one. Slow (about
@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import meshcast as mc
-from meshcast.planning import balance
+from meshcast.planning.large import large_plan
 
 
 def all_to_all(n_src: int, n_dst: int, shape: tuple[int, ...]) -> mc.ReshardTask:
@@ -53,7 +53,7 @@ def compare_orders() -> None:
             (n_src + n_dst) * 8 // per_host, per_host, nic_gbps=gbps, nics_per_host=nics
         )
         bound = mc.lower_bound(task, topo)
-        latin, _, phased = balance._large_plan(task, topo)
+        latin, _, phased = large_plan(task, topo)
         head = (f"  {n_src}x8 -> {n_dst}x8, {per_host} ranks/host, {nics} NIC(s) of {gbps} Gbit/s,"
                 f" {shape}:")
         if phased is None:
@@ -75,7 +75,7 @@ def large_case() -> None:
     kept = mc.plan(task, topo)
     print(f"  mc.plan: {clock() - t0:.1f} s, {len(kept.ops)} operations")
     t0 = clock()
-    latin, _, phased = balance._large_plan(task, topo)
+    latin, _, phased = large_plan(task, topo)
     t1 = clock()
     bound = mc.lower_bound(task, topo)
     t2 = clock()

@@ -59,7 +59,7 @@ class _Checker:
             return
         if _ascending(dt.device_mesh) and _bytes(dt.full_tensor()) != _bytes(glob):
             self.failures.append(f"{what}: DTensor's own full_tensor() is not the tensor")
-        box = mc.Layout.from_dtensor(dt).box(self.rank, tuple(glob.shape))
+        box = mc.layout_from_dtensor(dt).box(self.rank, tuple(glob.shape))
         if box is None or _bytes(glob[box]) != _bytes(dt.to_local()):
             self.failures.append(f"{what}: rank {self.rank}: meshcast reads box {box}, which "
                                  f"is not DTensor's to_local()")
@@ -121,9 +121,9 @@ def _shard_order_job(rank: int) -> list[str]:
         dt = _ordered(glob, mesh, placements, order)
         what = f"{shape} {placements} order {order}"
         check.source(dt, glob, what)
-        if order == {0: (1, 0)} and str(mc.Layout.from_dtensor(dt)) != \
+        if order == {0: (1, 0)} and str(mc.layout_from_dtensor(dt)) != \
                 "Layout(Mesh.from_range(0, (2, 2)), 'S10R')":
-            check.failures.append(f"{what}: read as {mc.Layout.from_dtensor(dt)!r}")
+            check.failures.append(f"{what}: read as {mc.layout_from_dtensor(dt)!r}")
         for j, (dst, dp) in enumerate(dsts):
             res = mc.reshard_dtensor(dt, dst, dp, timeout=60,
                                      **({} if j % 2 else {"strategy": "send_recv"}))
@@ -137,7 +137,7 @@ def _shard_order_job(rank: int) -> list[str]:
     check.refused(lambda: mc.reshard_dtensor(strided, dsts[1][0], [Shard(0)], timeout=30),
                   ("dt.placements[0]", "_StridedShard", "split_factor 2", "not supported"),
                   "_StridedShard(sf=2)")
-    check.refused(lambda: mc.Layout.from_dtensor(strided), ("_StridedShard",), "from_dtensor")
+    check.refused(lambda: mc.layout_from_dtensor(strided), ("_StridedShard",), "from_dtensor")
     one = DTensor.from_local(plain.to_local(), mesh, [_StridedShard(0, split_factor=1),
                                                       Shard(1)],
                              run_check=False, shape=glob.shape, stride=glob.stride())
@@ -204,7 +204,7 @@ def _sub_mesh_job(rank: int) -> dict:
     for k, (src, sp, dst, dp) in enumerate(cases):
         dt = distribute_tensor(glob + k, src, sp, src_data_rank=None)  # members hold the same
         what = f"case {k}: {src.mesh_dim_names}{sp} -> {dst.mesh_dim_names}{dp}"
-        readings[k] = repr(mc.Layout.from_dtensor(dt))
+        readings[k] = repr(mc.layout_from_dtensor(dt))
         check.source(dt, glob + k, what)
         res = mc.reshard_dtensor(dt, dst, dp, timeout=60)
         check.result(res, glob + k, dst, dp, what)

@@ -85,7 +85,7 @@ def test_groups_are_created_in_one_canonical_order() -> None:
 def test_chain_roles() -> None:
     top = Topology.uniform(3, 2)
     op = Broadcast(0, (1, 2, 3, 4), (slice(0, 4),))
-    chain = broadcast_chain(op, top._host_of)
+    chain = broadcast_chain(op, top.hosts_by_rank)
     assert chain == [(0, [1]), (2, [3]), (4, [])]
     assert chain_role(chain, 0) == ("sender", None, [2, 1])
     assert chain_role(chain, 2) == ("leader", 0, [4, 3])

@@ -14,16 +14,21 @@ from strategies import sample_array, tasks
 import meshcast as mc
 from meshcast.cli import main
 from meshcast.core.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
-from meshcast.planning import balance as balance_mod
-from meshcast.planning.balance import SEARCH_NODE_BUDGET, order_plan
+from meshcast.core.task import iter_slices
+from meshcast.core.units import GBIT
+from meshcast.planning.auto import auto_plan, local_search, one_remote_receiver
+from meshcast.planning.budgets import AUTO_SIM_LIMIT, CERTIFY_TOL, SEARCH_NODE_BUDGET
+from meshcast.planning.dispatch import dispatch, order_items
+from meshcast.planning.items import own_items
+from meshcast.planning.large import large_plan
+from meshcast.planning.order import order_plan
 
-P3 = dict(nic_in_gbps=10.0, nic_out_gbps=10.0, intra_gbps=800.0, latency_us=30.0)
 FIXED = [(s, b) for s in mc.STRATEGIES for b in ("none", "size", "order")]
 
 
 def p3_topology(task: mc.ReshardTask) -> mc.Topology:
     """Hosts = mesh rows, links of the p3.8xlarge preset."""
-    return mc.Topology.from_meshes(task.src.mesh, task.dst.mesh, **P3)
+    return mc.Topology.preset_for_meshes("p3.8xlarge", task.src.mesh, task.dst.mesh)
 
 
 @settings(max_examples=40, deadline=None)
@@ -54,7 +59,7 @@ def test_lower_bound_never_above_any_fixed_plan_and_auto_is_best(task):
     for p, t in zip(plans, times):
         assert mc.time_floor(p, topo) <= t * (1 + 1e-12)
     # with one receiver to reach per slice the strategies build the same operations
-    if balance_mod._one_remote_receiver(task):
+    if one_remote_receiver(task):
         for k in range(3):
             assert plans[k].ops == plans[3 + k].ops == plans[6 + k].ops
 
@@ -118,7 +123,7 @@ def test_order_and_auto_reach_known_optimum(number, balance):
     topo = mc.Topology.preset("p3.8xlarge", 4)
     strategy = "broadcast" if balance == "order" else None
     plan = mc.plan(task, topo, strategy=strategy, balance=balance)
-    optimum = task.nbytes / 2 / (10e9 / 8) + 2 * 30e-6
+    optimum = task.nbytes / 2 / (10 * GBIT) + 2 * 30e-6
     assert mc.simulate(plan).time_s == pytest.approx(optimum, rel=1e-9)
     for naive in ("none", "size"):
         worse = mc.simulate(mc.plan(task, topo, strategy="broadcast", balance=naive)).time_s
@@ -183,7 +188,7 @@ def test_lower_bound_parts_case2():
     task = PAPER_CASES[1].task()  # RRR -> S0RR: both source hosts hold everything
     topo = mc.Topology.preset("p3.8xlarge", 4)
     lb = mc.lower_bound_details(task, topo)
-    half = task.nbytes / 2 / (10e9 / 8)
+    half = task.nbytes / 2 / (10 * GBIT)
     assert lb.inbound_s == pytest.approx(half)
     assert lb.outbound_s == pytest.approx(half, rel=1e-6)
     assert lb.groups == ((0, 1),) and lb.fractions[0] == pytest.approx((0.5, 0.5), abs=1e-6)
@@ -224,7 +229,7 @@ def test_host_bound_exact_when_every_rank_of_a_host_needs_every_slice():
     operation pays one more latency: 2 * lat + tr + min(tr, lat) per half, over 2 ranks."""
     task, topo = _p3_task((25_000,), "int8", mc.Mesh.from_range(0, (2, 1)), "S0",
                           mc.Mesh.from_range(2, (1, 2)), "R")
-    lat, tr = 30e-6, 12_500 / (10e9 / 8)
+    lat, tr = 30e-6, 12_500 / (10 * GBIT)
     lb = mc.lower_bound_details(task, topo)
     assert lb.host_s == pytest.approx(2 * (2 * lat + tr + min(tr, lat)) / 2, rel=1e-12)
     assert lb.seconds == pytest.approx(lb.host_s, rel=1e-6)
@@ -241,7 +246,7 @@ def test_tile_bound_with_nic_rate_exact_for_single_holder():
     four operations one after another, each a latency plus a quarter over its NIC."""
     task, topo = _p3_task((50_000,), "int8", mc.Mesh.from_range(0, (1, 1)), "R",
                           mc.Mesh.from_range(1, (4, 1)), "S0")
-    lat, tr = 30e-6, 12_500 / (10e9 / 8)
+    lat, tr = 30e-6, 12_500 / (10 * GBIT)
     lb = mc.lower_bound_details(task, topo)
     assert lb.rank_s == pytest.approx(4 * (lat + tr), rel=1e-12)
     for strategy, balance in [(None, "auto"), ("broadcast", "none")]:
@@ -253,19 +258,19 @@ def _exchange_items():
     """2 one-rank source hosts x 2 one-rank destination hosts, each pair one equal slice."""
     task, topo = _p3_task((64, 64), "float32", mc.Mesh.from_range(0, (2, 1)), "S0R",
                           mc.Mesh.from_range(2, (2, 1)), "RS0")
-    slices = list(balance_mod.iter_slices(task))
-    items, _ = balance_mod._own_items(task, topo, slices, mc.lower_bound_details(task, topo),
-                                      stripe=False, chunk=False, p2p=True)
+    slices = list(iter_slices(task))
+    items, _ = own_items(task, topo, slices, mc.lower_bound_details(task, topo),
+                         stripe=False, chunk=False, p2p=True)
     return task, topo, items
 
 
 def test_nic_slots_rounds_share_no_nic():
     task, topo, items = _exchange_items()
-    ops = balance_mod._nic_slots(items)
+    ops = order_items(items, "rank_nic_rounds")
     assert sorted(map(repr, ops)) == sorted(repr(it.op) for it in items)
     for rnd in (ops[:2], ops[2:]):  # two rounds of two host-disjoint sends
         assert len({r for op in rnd for r in op.ranks()}) == 4
-    lat, tr = 30e-6, 32 * 32 * 4 / (10e9 / 8)
+    lat, tr = 30e-6, 32 * 32 * 4 / (10 * GBIT)
     plan = mc.Plan(task, tuple(ops), "broadcast", "auto", topo)
     assert mc.simulate(plan).time_s == pytest.approx(2 * (lat + tr), rel=1e-9)
 
@@ -275,19 +280,19 @@ def test_dispatch_orders_are_permutations_and_deterministic(seeded):
     _, _, items = _exchange_items()
     lat = 30e-6
     runs = [
-        balance_mod._dispatch_nd(items, lat, np.random.default_rng([1, 2]) if seeded else None)
+        dispatch(items, lat, queue_on_nic=True,
+                 rng=np.random.default_rng([1, 2]) if seeded else None)
         for _ in range(2)
     ]
     assert runs[0] == runs[1]
     assert sorted(map(repr, runs[0])) == sorted(repr(it.op) for it in items)
-    assert sorted(map(repr, balance_mod._dispatch(items, lat))) == sorted(map(repr, runs[0]))
+    assert sorted(map(repr, dispatch(items, lat, queue_on_nic=False))) == sorted(map(repr, runs[0]))
 
 
 def _h100_like(task: mc.ReshardTask) -> mc.Topology:
-    """Hosts = mesh rows, one NIC per rank (no two ranks share a NIC)."""
-    return mc.Topology.from_meshes(task.src.mesh, task.dst.mesh, nics_per_host=8,
-                                   nic_in_gbps=400.0, nic_out_gbps=400.0, intra_gbps=3600.0,
-                                   latency_us=10.0)
+    """Hosts = mesh rows, links of the h100x8 preset: one NIC per rank (no two ranks share a
+    NIC)."""
+    return mc.Topology.preset_for_meshes("h100x8", task.src.mesh, task.dst.mesh)
 
 
 @pytest.mark.parametrize("specs", [
@@ -305,21 +310,22 @@ def test_large_path_time_is_the_simulators(specs):
     dst = mc.Mesh.from_range(0 if ds == "S0R" else src.size, dm)
     task = mc.ReshardTask((48, 40), "float32", mc.Layout(src, ss), mc.Layout(dst, ds))
     topo = _h100_like(task)
-    plan, exact, _ = balance_mod._large_plan(task, topo)
+    plan, exact, _ = large_plan(task, topo)
     assert exact is not None and exact == mc.simulate(plan).time_s
     out = mc.execute_local(plan, mc.scatter(np.arange(48 * 40, dtype=np.float32).reshape(48, 40),
                                             task.src))
     assert np.array_equal(mc.gather(out, task.dst, task.shape),
                           np.arange(48 * 40, dtype=np.float32).reshape(48, 40))
-    assert balance_mod._large_plan(task, mc.Topology.preset("p3.8xlarge", 8))[1] is None
+    assert large_plan(task, mc.Topology.preset("p3.8xlarge", 8))[1] is None
 
 
-def _never_slower_than_fixed(task: mc.ReshardTask, topo: mc.Topology) -> mc.Plan:
-    auto = mc.plan(task, topo)
+def _never_slower_than_fixed(task: mc.ReshardTask, topo: mc.Topology,
+                             auto: mc.Plan | None = None) -> mc.Plan:
+    auto = mc.plan(task, topo) if auto is None else auto
     t = mc.simulate(auto).time_s
     for s, b in FIXED:
         fixed = mc.simulate(mc.plan(task, topo, strategy=s, balance=b)).time_s
-        assert t <= fixed * (1 + 2 * balance_mod.CERTIFY_TOL)
+        assert t <= fixed * (1 + 2 * CERTIFY_TOL)
     return auto
 
 
@@ -330,27 +336,26 @@ def test_auto_above_sim_limit_certified_optimal():
     src = mc.Layout(mc.Mesh.from_range(0, (20, 8)), "S01R")
     dst = mc.Layout(mc.Mesh.from_range(160, (16, 8)), "RS01")
     task = mc.ReshardTask((640, 512), "float32", src, dst)
-    assert len(task.decomposition) > balance_mod.AUTO_SIM_LIMIT
+    assert len(task.decomposition) > AUTO_SIM_LIMIT
     topo = mc.Topology.preset("h100x8", 36)
-    large, exact, _ = balance_mod._large_plan(task, topo)
-    assert exact <= mc.lower_bound(task, topo) * (1 + 2 * balance_mod.CERTIFY_TOL)
+    large, exact, _ = large_plan(task, topo)
+    assert exact <= mc.lower_bound(task, topo) * (1 + 2 * CERTIFY_TOL)
     assert _never_slower_than_fixed(task, topo).ops == large.ops
 
 
 @pytest.mark.parametrize("number, preset", [(4, "p3.8xlarge"), (3, "h100x8")])
-def test_auto_above_sim_limit_falls_back_to_simulation(monkeypatch, number, preset):
+def test_auto_above_sim_limit_falls_back_to_simulation(number, preset):
     """Above the limit (lowered here so the case stays small) and not certified (NICs shared on
     p3.8xlarge; on h100x8 a large plan 3.3x the bound): the large plan and the nine fixed
     combinations are simulated and the fastest is kept."""
-    monkeypatch.setattr(balance_mod, "AUTO_SIM_LIMIT", 2)
     task = PAPER_CASES[number - 1].task("int32", scale=64)
     topo = mc.Topology.preset(preset, 4)
-    assert len(task.decomposition) > balance_mod.AUTO_SIM_LIMIT
-    large, exact, _ = balance_mod._large_plan(task, topo)
+    assert len(task.decomposition) > 2
+    large, exact, _ = large_plan(task, topo)
     assert (exact is None) == (preset == "p3.8xlarge")
     if exact is not None:
-        assert exact > mc.lower_bound(task, topo) * (1 + 2 * balance_mod.CERTIFY_TOL)
-    auto = _never_slower_than_fixed(task, topo)
+        assert exact > mc.lower_bound(task, topo) * (1 + 2 * CERTIFY_TOL)
+    auto = _never_slower_than_fixed(task, topo, auto_plan(task, topo, None, sim_limit=2))
     assert mc.simulate(auto).time_s <= mc.simulate(large).time_s
 
 
@@ -361,10 +366,10 @@ def test_local_search_keeps_a_permutation_and_never_slows():
                           mc.Mesh.from_range(6, (2, 2)), "S1S0")
     ops = mc.plan(task, topo, strategy="send_recv").ops[::-1]
     before = mc.simulate(mc.Plan(task, ops, "send_recv", "auto", topo)).time_s
-    found, t = balance_mod._local_search(task, topo, ops, "send_recv")
+    found, t = local_search(task, topo, ops, "send_recv")
     assert sorted(map(repr, found)) == sorted(map(repr, ops))
     assert t == mc.simulate(mc.Plan(task, found, "send_recv", "auto", topo)).time_s <= before
-    assert balance_mod._local_search(task, topo, ops, "send_recv") == (found, t)
+    assert local_search(task, topo, ops, "send_recv") == (found, t)
     out = mc.execute_local(mc.Plan(task, found, "send_recv", "auto", topo),
                            mc.scatter(np.arange(96 * 64, dtype=np.float32).reshape(96, 64),
                                       task.src))
@@ -394,7 +399,7 @@ def test_phased_sends_on_shared_nics(rows, phased_wins):
     dst = mc.Layout(mc.Mesh.from_range(16, (2, 8)), "RS01")
     task = mc.ReshardTask((rows, rows), "float32", src, dst)
     topo = mc.Topology.uniform(8, 4, nic_gbps=10)
-    latin, exact, phased = balance_mod._large_plan(task, topo)
+    latin, exact, phased = large_plan(task, topo)
     assert exact is None  # NICs are shared: no round-by-round certificate
     x = np.arange(rows * rows, dtype=np.float32).reshape(rows, rows)
     out = mc.execute_local(phased, mc.scatter(x, task.src))
@@ -410,6 +415,5 @@ def test_phased_sends_on_shared_nics(rows, phased_wins):
     assert (t_phased < 0.8 * t_latin) if phased_wins else (t_latin < t_phased)
     best = min(t_phased, t_latin)
     assert mc.simulate(mc.plan(task, topo)).time_s <= best
-    with pytest.MonkeyPatch.context() as mp:  # the large path keeps the faster one too
-        mp.setattr(balance_mod, "AUTO_SIM_LIMIT", 2)
-        assert mc.simulate(mc.plan(task, topo)).time_s == best
+    # the large path (limit lowered so that it runs) keeps the faster one too
+    assert mc.simulate(auto_plan(task, topo, None, sim_limit=2)).time_s == best

@@ -9,8 +9,7 @@ from .core.job import job_topology
 from .core.layout import Box, Layout, Placement, Replicate, Shard
 from .core.local import execute_local, gather, scatter
 from .core.mesh import Mesh
-from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send
-from .core.plan_check import check_plan
+from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, check_plan
 from .core.task import ReshardTask, UnitSlice
 from .core.topology import Topology
 from .estimate.lower_bound import LowerBound, lower_bound, lower_bound_details
@@ -83,13 +82,13 @@ _RUNTIME_EXPORTS = frozenset(
 
 
 # DTensor and whole-model resharding (meshcast.interop) import torch too.
-_INTEROP_EXPORTS = frozenset({"reshard_dtensor", "reshard_state_dict"})
+_INTEROP_EXPORTS = frozenset({"layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"})
 
 
 def __getattr__(name: str):
     """Lazy exports of :mod:`meshcast.runtime` (``meshcast.reshard``, ``meshcast.launch``,
     ``meshcast.reshard_many``, ...) and :mod:`meshcast.interop` (``meshcast.reshard_dtensor``,
-    ``meshcast.reshard_state_dict``)."""
+    ``meshcast.layout_from_dtensor``, ``meshcast.reshard_state_dict``)."""
     if name in _RUNTIME_EXPORTS:
         from . import runtime
 

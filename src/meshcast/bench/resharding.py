@@ -52,7 +52,8 @@ from ..core.layout import Box, Layout
 from ..core.mesh import Mesh
 from ..core.plan import Plan
 from ..core.task import ReshardTask
-from ..core.topology import PRESETS, Topology
+from ..core.topology import EMULATED_INTRA_GBPS, Topology, preset_links
+from ..core.units import GBIT
 from ..estimate.lower_bound import lower_bound
 from ..estimate.simulate import simulate
 from ..planning.planner import plan as make_plan
@@ -321,8 +322,8 @@ def baseline_model(case: BenchCase, method: str, topology: Topology) -> tuple[fl
     sends) run one after another."""
     task = case.task
     host_of = topology._host_of
-    nic = topology.nic_in_gbps[0] * 1e9 / 8
-    intra = topology.intra_gbps * 1e9 / 8
+    nic = topology.nic_in_gbps[0] * GBIT
+    intra = topology.intra_gbps * GBIT
     lat = topology.latency_us * 1e-6
     item = task.itemsize
     across = 0
@@ -700,20 +701,10 @@ def simulated_rows(
 
 def preset_topology(name: str) -> Callable[[BenchCase], Topology]:
     """Hosts = mesh rows (as emulated), links of the preset ``name`` (e.g. ``p3.8xlarge``)."""
-    if name not in PRESETS:
-        raise ValueError(f"topology preset {name!r} is unknown; known: {', '.join(PRESETS)}")
-    _, nics, nic, intra, lat = PRESETS[name]
+    preset_links(name)  # an unknown name raises here, naming the known ones
 
     def topo(case: BenchCase) -> Topology:
-        return Topology.uniform(
-            case.hosts,
-            case.devices_per_host,
-            nic_gbps=nic,
-            nics_per_host=nics,
-            intra_gbps=intra,
-            latency_us=lat,
-            name=name,
-        )
+        return Topology.preset(name, case.hosts, devices_per_host=case.devices_per_host)
 
     return topo
 
@@ -757,7 +748,7 @@ def estimate_s(
     simulated time at ``nic_gbit`` (slowed by 1.3) plus a fixed overhead."""
     total = 0.0
     for case in cases:
-        topo = case.topology(nic_gbit * PAYLOAD_FRACTION, 20.0, PLAN_LATENCY_US)
+        topo = case.topology(nic_gbit * PAYLOAD_FRACTION, EMULATED_INTRA_GBPS, PLAN_LATENCY_US)
         sims = simulated_rows([case], methods, lambda c, t=topo: t)
         seen: set[Any] = set()
         runs = 0.0
@@ -853,7 +844,9 @@ def run_suite(
     tmp = tempfile.mkdtemp(prefix="meshcast-bench-")
     try:
         for case in cases:
-            plan_topo = case.topology(nic_gbit * PAYLOAD_FRACTION, 20.0, PLAN_LATENCY_US)
+            plan_topo = case.topology(
+                nic_gbit * PAYLOAD_FRACTION, EMULATED_INTRA_GBPS, PLAN_LATENCY_US
+            )
             run_list, plans, same, skipped = job_methods(case, methods, plan_topo)
             path = os.path.join(tmp, f"{case.key}.progress")
             spec = JobSpec(
@@ -899,7 +892,7 @@ def run_suite(
             probes[case.key] = probe
             sim_topo = case.topology(
                 probe.get("cross_gbps", nic_gbit * PAYLOAD_FRACTION),
-                probe.get("intra_gbps", 20.0),
+                probe.get("intra_gbps", EMULATED_INTRA_GBPS),
                 probe.get("latency_us", PLAN_LATENCY_US),
             )
             bound = lower_bound(case.task, sim_topo)

@@ -41,6 +41,7 @@ from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..core.task import ReshardTask
 from ..core.topology import Topology
+from ..core.units import GBIT
 from ..pipeline import SCHEDULES, Link, StageGraph, chain_links, schedule, simulate_pipeline
 from ..planning.planner import plan
 from .common import comma_list, integer, number, numbers, working
@@ -114,8 +115,8 @@ def _bandwidth_time(p, topology: Topology) -> float:
     """Fallback model: bytes through the busiest host NIC direction / its speed, plus latency."""
     worst = 0.0
     for h, (out, inn) in p.bytes_per_host().items():
-        out_bw = topology.nic_out_gbps[h] * topology.nics_per_host[h] * 1e9 / 8
-        in_bw = topology.nic_in_gbps[h] * topology.nics_per_host[h] * 1e9 / 8
+        out_bw = topology.nic_out_gbps[h] * topology.nics_per_host[h] * GBIT
+        in_bw = topology.nic_in_gbps[h] * topology.nics_per_host[h] * GBIT
         worst = max(worst, out / out_bw, inn / in_bw)
     return worst + topology.latency_us * 1e-6
 

@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from ..bench import resharding as rb
-from ..core.topology import PRESETS
+from ..core.topology import EMULATED_INTRA_GBPS, PRESETS
 from .common import UsageError, choice, comma_list, integer, number, output_dir
 
 DEFAULT_OUT = "meshcast-bench-resharding"
@@ -221,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
 
     total_runs = 0
     for c in cases:
-        topo = c.topology(args.nic_gbit * rb.PAYLOAD_FRACTION, 20.0, rb.PLAN_LATENCY_US)
+        topo = c.topology(
+            args.nic_gbit * rb.PAYLOAD_FRACTION, EMULATED_INTRA_GBPS, rb.PLAN_LATENCY_US
+        )
         run_list = rb.job_methods(c, methods, topo)[0]
         total_runs += len(run_list) * (args.warmup + args.reps)
     estimate = rb.estimate_s(cases, methods, args.reps, args.warmup, args.nic_gbit)
@@ -308,7 +310,7 @@ def _run_simulated(
         gbps = args.nic_gbit * rb.PAYLOAD_FRACTION
 
         def topo_of(c: rb.BenchCase):
-            return c.topology(gbps, 20.0, rb.PLAN_LATENCY_US)
+            return c.topology(gbps, EMULATED_INTRA_GBPS, rb.PLAN_LATENCY_US)
 
         what = (
             f"simulated, emulated cluster's links ({gbps:.3f} Gbit/s payload, 20 Gbit/s "

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from ..cluster import nic_tx_bytes
+from ..estimate.lower_bound import joint_lower_bound
 from .common import comma_list, integer, number, working
 
 METHODS = ("meshcast", "gather-broadcast", "full-tensor")
@@ -180,23 +181,6 @@ def weights_worker(rank: int, method: str, cfg: dict[str, int], reps: int) -> di
     nic = (tx1 - tx0) // reps if (tx0 is not None and tx1 is not None and local_rank == 0) else 0
     return {"times": times, "peak": peak, "nic_bytes": nic, "bad": bad,
             "nic_known": tx0 is not None, "nbytes": nbytes}
-
-
-def joint_lower_bound(tasks, topology) -> float:
-    """Seconds no sync of ``tasks`` can beat: the busiest host NIC's inbound bytes of all tasks
-    together (and no less than any one task's :func:`meshcast.lower_bound`)."""
-    import numpy as np
-
-    from ..estimate.lower_bound import lower_bound_details
-
-    host_in = np.zeros(topology.num_hosts)
-    single = 0.0
-    for t in tasks:
-        d = lower_bound_details(t, topology)
-        host_in += d.host_in_bytes
-        single = max(single, d.seconds)
-    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * 1e9 / 8
-    return max(float((host_in / b_in).max()) + topology.latency_us * 1e-6, single)
 
 
 def run(args: argparse.Namespace) -> int:

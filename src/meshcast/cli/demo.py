@@ -26,8 +26,8 @@ from rich.table import Table
 from ..core.cases import PAPER_CASES
 from ..core.layout import Layout
 from ..core.mesh import Mesh
-from ..core.plan import _fmt_bytes
 from ..core.task import ReshardTask
+from ..core.units import fmt_bytes
 from ..planning.planner import STRATEGIES, plan
 from .common import integer, number, working
 
@@ -89,9 +89,9 @@ def planning_table(scale: int = 1) -> Table:
                 case.name if i == 0 else "",
                 strategy,
                 str(len(p.ops)),
-                _fmt_bytes(p.cross_host_bytes()),
-                _fmt_bytes(max(v for _, v in per_host)),
-                _fmt_bytes(max(o for o, _ in per_host)),
+                fmt_bytes(p.cross_host_bytes()),
+                fmt_bytes(max(v for _, v in per_host)),
+                fmt_bytes(max(o for o, _ in per_host)),
                 end_section=i == len(STRATEGIES) - 1,
             )
     return table
@@ -174,7 +174,7 @@ def run_real(args: argparse.Namespace, console: Console) -> int:
             f"{t:.3f}",
             f"{task.nbytes * 8 / t / 1e9:.2f}",
             f"{t / bound:.2f}",
-            _fmt_bytes(sum(r["cross"] for r in rows)),
+            fmt_bytes(sum(r["cross"] for r in rows)),
             "yes" if exact else "NO",
         )
     console.print(table)

@@ -31,6 +31,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..core.topology import EMULATED_INTRA_GBPS
+from ..core.units import GBIT
 from ._net import (
     PREFIX,
     ClusterError,
@@ -69,9 +71,9 @@ SUBNET = "10.213.0"
 IFACE = "mc0"
 #: Bridge inside the switch namespace.
 BRIDGE = "br0"
-#: Intra-host bandwidth used by :meth:`Cluster.topology` (Gbit/s): gloo over loopback inside one
-#: namespace, measured on the 2-core development machine (see docs/cluster.md).
-INTRA_GBPS = 20.0
+#: Intra-host bandwidth used by :meth:`Cluster.topology` (Gbit/s):
+#: :data:`meshcast.core.topology.EMULATED_INTRA_GBPS`.
+INTRA_GBPS = EMULATED_INTRA_GBPS
 #: Largest cluster: one /24.
 MAX_HOSTS = 250
 
@@ -194,7 +196,7 @@ def _rate_arg(gbit: float) -> str:
 def _burst_bytes(gbit: float) -> int:
     # One millisecond of traffic, and at least two 64 KiB GSO segments, so that tbf neither
     # splits the veth's GSO packets nor starves at high rates.
-    return max(2 * 65536, round(gbit * 1e9 / 8 / 1000))
+    return max(2 * 65536, round(gbit * GBIT / 1000))
 
 
 def _shape(netns: str, dev: str, gbit: float, delay_ms: float) -> None:

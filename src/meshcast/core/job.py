@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from .mesh import Mesh
 from .topology import Topology
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "JobHosts",
     "job_topology",
     "read_job_hosts",
+    "topology_for_meshes",
     "with_link_rates",
 ]
 
@@ -215,3 +217,29 @@ def job_topology(
         _warned.add(key)
         warnings.warn(f"meshcast: {found.problem}", UserWarning, stacklevel=3)
     return None
+
+
+def _check_job_covers(topology: Topology, meshes: Sequence[Mesh]) -> None:
+    outside = sorted({r for m in meshes for r in m.devices} - set(topology.ranks))
+    if outside:
+        raise ValueError(
+            f"topology=None: the meshes use ranks {outside[:8]} outside this job, whose "
+            f"{len(topology.ranks)} ranks meshcast placed on hosts from the job's environment; "
+            f"pass topology= to plan for other ranks"
+        )
+
+
+def topology_for_meshes(topology: Topology | None, *meshes: Mesh) -> Topology:
+    """``topology``; when it is None, the running job's hosts read from its environment
+    (:func:`job_topology`: torchrun, ``meshcast.launch``), else, outside a job, the paper's
+    convention (:meth:`Topology.from_meshes`). Checked to place every rank of ``meshes``."""
+    if topology is None:
+        topology = job_topology()
+        if topology is not None:
+            _check_job_covers(topology, meshes)
+            return topology
+        topology = Topology.from_meshes(*meshes)
+    elif not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
+    topology.covers({r for mesh in meshes for r in mesh.devices})
+    return topology

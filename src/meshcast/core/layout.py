@@ -54,7 +54,7 @@ Placement = Shard | Replicate
 _TOKEN = re.compile(r"R|S\d+")
 
 
-def _parse_spec(spec: str, mesh: Mesh) -> tuple[tuple[int, ...], ...]:
+def _parse_spec(spec: str) -> tuple[tuple[int, ...], ...]:
     text = spec.replace(",", "").replace(" ", "")
     tokens = _TOKEN.findall(text)
     if "".join(tokens) != text or (not tokens and spec != ""):
@@ -94,7 +94,7 @@ class Layout:
     def __init__(self, mesh: Mesh | Any, spec: str | Sequence[Placement]) -> None:
         self._mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
         if isinstance(spec, str):
-            per_dim = _parse_spec(spec, self._mesh)
+            per_dim = _parse_spec(spec)
             self._ndim: int | None = len(per_dim)
             dims = {d: axes for d, axes in enumerate(per_dim) if axes}
         elif isinstance(spec, Sequence):
@@ -123,17 +123,6 @@ class Layout:
     def _spec_text(self, dims: dict[int, tuple[int, ...]]) -> str:
         n = self._ndim if self._ndim is not None else (max(dims, default=-1) + 1)
         return "".join("S" + "".join(map(str, dims[d])) if d in dims else "R" for d in range(n))
-
-    @classmethod
-    def from_dtensor(cls, dt: Any) -> Layout:
-        """The layout of a torch ``DTensor``: its DeviceMesh (global ranks) and its placements.
-
-        ``Shard`` and ``Replicate`` only (``Partial`` raises ValueError: see
-        :func:`meshcast.reshard_dtensor`, which reduces it on the way). Imports torch.
-        """
-        from ..interop.dtensor import layout_from_dtensor
-
-        return layout_from_dtensor(dt)
 
     @classmethod
     def parse(cls, text: str) -> Layout:

@@ -6,9 +6,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .boxes import Box, box_shape, relative
 from .checks import as_shape
-from .layout import Box, Layout, box_shape
-from .plan import AllGather, Broadcast, Copy, Plan, Send
+from .layout import Layout
+from .ops import AllGather, Broadcast, Copy, Send
+from .plan import Plan
 
 __all__ = ["execute_local", "gather", "scatter"]
 
@@ -16,7 +18,7 @@ __all__ = ["execute_local", "gather", "scatter"]
 def _local(box: Box, within: Box) -> tuple:
     """``box`` (global coordinates) relative to the shard ``within``, as an index that gives an
     array view (a 0-d one for a 0-d tensor, not a scalar)."""
-    return (*(slice(b.start - w.start, b.stop - w.start) for b, w in zip(box, within)), ...)
+    return (*relative(box, within), ...)
 
 
 def _view(box: Box) -> tuple:

@@ -1,8 +1,5 @@
-"""Plans: plain data, an ordered list of operations that any backend can run.
-
-Operations read from the source shard of the rank that sends (a *holder*) and write into the
-destination shard of the ranks that receive. ``AllGather`` is the one exception: each of its ranks
-contributes a part it already received into its destination shard.
+"""Plans: plain data, an ordered list of operations (:mod:`meshcast.core.ops`, re-exported
+here) that any backend can run, checked by :mod:`meshcast.core.plan_check` before it runs.
 """
 
 from __future__ import annotations
@@ -11,174 +8,39 @@ import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from .layout import Box, box_size
+from .boxes import box_size
+from .ops import (
+    OP_KINDS,
+    AllGather,
+    Broadcast,
+    Copy,
+    Op,
+    Send,
+    Transfer,
+    broadcast_chain,
+    op_to_json,
+    ops_from_json,
+    transfers,
+)
+from .plan_check import plan_error
 from .task import ReshardTask
 from .topology import Topology
+from .units import fmt_bytes
 
-__all__ = ["AllGather", "Broadcast", "Copy", "Op", "Plan", "Send", "Transfer"]
-
-
-class Copy(NamedTuple):
-    """``rank`` holds ``box`` in its source shard and needs it in its destination shard."""
-
-    rank: int
-    box: Box
-    kind = "copy"
-
-    def ranks(self) -> tuple[int, ...]:
-        """Every rank taking part."""
-        return (self.rank,)
-
-
-class Send(NamedTuple):
-    """Point-to-point: ``src`` sends ``box`` from its source shard to ``dst``."""
-
-    src: int
-    dst: int
-    box: Box
-    kind = "send"
-
-    def ranks(self) -> tuple[int, ...]:
-        """Every rank taking part."""
-        return (self.src, self.dst)
-
-
-class Broadcast(NamedTuple):
-    """``src`` multicasts ``box`` to every rank of ``dsts`` (``src`` is not one of them).
-
-    Runtimes deliver it into each receiving host once and fan it out inside the host.
-    """
-
-    src: int
-    dsts: tuple[int, ...]
-    box: Box
-    kind = "broadcast"
-
-    def ranks(self) -> tuple[int, ...]:
-        """Every rank taking part."""
-        return (self.src, *self.dsts)
-
-
-class AllGather(NamedTuple):
-    """Rank ``group[i]`` holds ``parts[i]`` (a piece of ``box``) in its destination shard; after
-    the all-gather every rank of ``group`` holds all of ``box``."""
-
-    group: tuple[int, ...]
-    box: Box
-    parts: tuple[Box, ...]
-    kind = "allgather"
-
-    def ranks(self) -> tuple[int, ...]:
-        """Every rank taking part."""
-        return self.group
-
-
-Op = Copy | Send | Broadcast | AllGather
-_OPS: dict[str, type] = {c.kind: c for c in (Copy, Send, Broadcast, AllGather)}
-
-
-class Transfer(NamedTuple):
-    """One rank-to-rank movement of bytes in the host-aware realisation of an operation."""
-
-    src: int
-    dst: int
-    nbytes: int
-
-
-def broadcast_chain(op: Broadcast, host_of: dict[int, int]) -> list[tuple[int, list[int]]]:
-    """Host-aware route of a broadcast: ``[(leader, ranks it fans out to locally), ...]``.
-
-    The first entry is the sender's own host (the sender leads it, possibly with nobody to feed);
-    then one entry per other receiving host, in order of first appearance in ``op.dsts``. Each
-    leader receives from the previous leader, so the data enters each receiving host once.
-    """
-    src_host = host_of[op.src]
-    groups: dict[int, list[int]] = {src_host: []}
-    for r in op.dsts:
-        groups.setdefault(host_of[r], []).append(r)
-    chain = [(op.src, groups.pop(src_host))]
-    for members in groups.values():
-        chain.append((members[0], members[1:]))
-    return chain
-
-
-def transfers(op: Op, itemsize: int, host_of: dict[int, int]) -> Iterator[Transfer]:
-    """The point-to-point movements an operation makes when run host-aware (local copies: none)."""
-    if isinstance(op, Send):
-        yield Transfer(op.src, op.dst, box_size(op.box) * itemsize)
-    elif isinstance(op, Broadcast):
-        nbytes = box_size(op.box) * itemsize
-        prev = None
-        for leader, members in broadcast_chain(op, host_of):
-            if prev is not None:
-                yield Transfer(prev, leader, nbytes)
-            for r in members:
-                yield Transfer(leader, r, nbytes)
-            prev = leader
-    elif isinstance(op, AllGather):
-        for i, part in zip(op.group, op.parts):
-            nbytes = box_size(part) * itemsize
-            for j in op.group:
-                if j != i:
-                    yield Transfer(i, j, nbytes)
-
-
-def _box_to_json(box: Box) -> list[list[int]]:
-    return [[s.start, s.stop] for s in box]
-
-
-def _box_from_json(data: list[list[int]]) -> Box:
-    return tuple(slice(*_pair(s)) for s in data)
-
-
-def _pair(data: Any) -> tuple[Any, Any]:
-    if not isinstance(data, list) or len(data) != 2:
-        raise ValueError(f"a box dimension must be [start, stop], got {data!r}")
-    return data[0], data[1]
-
-
-def _op_to_json(op: Op) -> list[Any]:
-    if isinstance(op, Copy):
-        return ["copy", op.rank, _box_to_json(op.box)]
-    if isinstance(op, Send):
-        return ["send", op.src, op.dst, _box_to_json(op.box)]
-    if isinstance(op, Broadcast):
-        return ["broadcast", op.src, list(op.dsts), _box_to_json(op.box)]
-    return ["allgather", list(op.group), _box_to_json(op.box), [_box_to_json(p) for p in op.parts]]
-
-
-_ARITY = {"copy": 3, "send": 4, "broadcast": 4, "allgather": 4}
-
-
-def _op_from_json(data: list[Any]) -> Op:
-    kind = data[0] if isinstance(data, list) and data else None
-    if kind not in _ARITY:
-        raise ValueError(f"unknown kind {kind!r}; known: {list(_OPS)}")
-    if len(data) != _ARITY[kind]:
-        raise ValueError(f"a {kind} has {_ARITY[kind] - 1} fields, got {len(data) - 1}")
-    if kind == "copy":
-        return Copy(data[1], _box_from_json(data[2]))
-    if kind == "send":
-        return Send(data[1], data[2], _box_from_json(data[3]))
-    if kind == "broadcast":
-        return Broadcast(data[1], tuple(data[2]), _box_from_json(data[3]))
-    return AllGather(
-        tuple(data[1]), _box_from_json(data[2]), tuple(_box_from_json(p) for p in data[3])
-    )
-
-
-def _ops_from_json(data: Any) -> tuple[Op, ...]:
-    if not isinstance(data, list):
-        raise ValueError(f"plan JSON: ops must be a list, got {type(data).__name__}")
-    ops = []
-    for i, op in enumerate(data):
-        try:
-            ops.append(_op_from_json(op))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"plan JSON: ops[{i}] = {op!r} is not an operation: {e}") from None
-    return tuple(ops)
+__all__ = [
+    "AllGather",
+    "Broadcast",
+    "Copy",
+    "Op",
+    "Plan",
+    "Send",
+    "Transfer",
+    "broadcast_chain",
+    "check_plan",
+    "transfers",
+]
 
 
 @dataclass(frozen=True)
@@ -208,9 +70,7 @@ class Plan:
         every operation reads only data its sender holds or has received earlier
         (:mod:`meshcast.core.plan_check`). Checked once per plan object; the verdict is kept."""
         if "error" not in self._verdict:
-            from .plan_check import plan_error
-
-            self._verdict["error"] = plan_error(self)
+            self._verdict["error"] = plan_error(self.task, self.topology, self.ops)
         error = self._verdict["error"]
         if error is not None:
             raise ValueError(f"plan check failed: {error}")
@@ -234,13 +94,13 @@ class Plan:
 
     def transfers(self) -> Iterator[Transfer]:
         """All rank-to-rank movements of the host-aware realisation, in plan order."""
-        host_of = self.topology._host_of
+        host_of = self.topology.hosts_by_rank
         for op in self.ops:
             yield from transfers(op, self.task.itemsize, host_of)
 
     def bytes_by_kind(self) -> dict[str, tuple[int, int]]:
         """``{kind: (number of ops, bytes of the boxes they move)}``."""
-        out: dict[str, list[int]] = {k: [0, 0] for k in _OPS}
+        out: dict[str, list[int]] = {k: [0, 0] for k in OP_KINDS}
         size = self.task.itemsize
         for op in self.ops:
             entry = out[op.kind]
@@ -259,7 +119,7 @@ class Plan:
 
     def bytes_per_host(self) -> dict[int, tuple[int, int]]:
         """``{host: (bytes out, bytes in)}`` across host boundaries."""
-        host_of = self.topology._host_of
+        host_of = self.topology.hosts_by_rank
         out: dict[int, int] = defaultdict(int)
         inn: dict[int, int] = defaultdict(int)
         for t in self.transfers():
@@ -278,13 +138,13 @@ class Plan:
         lines = [
             f"plan: {self.task.describe()}",
             f"strategy={self.strategy} balance={self.balance} ops={len(self.ops)} "
-            f"tensor={_fmt_bytes(self.task.nbytes)} topology={self.topology.num_hosts} hosts"
+            f"tensor={fmt_bytes(self.task.nbytes)} topology={self.topology.num_hosts} hosts"
             + (f" ({self.topology.name})" if self.topology.name else ""),
             "",
             f"{'operation':<10} {'count':>8} {'bytes':>12}",
         ]
         for kind, (count, nbytes) in self.bytes_by_kind().items():
-            lines.append(f"{kind:<10} {count:>8} {_fmt_bytes(nbytes):>12}")
+            lines.append(f"{kind:<10} {count:>8} {fmt_bytes(nbytes):>12}")
         if self.fallbacks:
             reasons: dict[str, int] = defaultdict(int)
             for _, why in self.fallbacks:
@@ -298,15 +158,15 @@ class Plan:
                 lines.append(f"   ... {len(per_rank) - max_rows} more ranks")
                 break
             lines.append(
-                f"{r:>6} {self.topology.host_of(r):>5} {_fmt_bytes(s):>12} {_fmt_bytes(v):>12}"
+                f"{r:>6} {self.topology.host_of(r):>5} {fmt_bytes(s):>12} {fmt_bytes(v):>12}"
             )
         lines += ["", f"{'host':>5} {'out':>12} {'in':>12}"]
         for h, (o, v) in self.bytes_per_host().items():
             if h == max_rows:
                 lines.append(f"  ... {self.topology.num_hosts - max_rows} more hosts")
                 break
-            lines.append(f"{h:>5} {_fmt_bytes(o):>12} {_fmt_bytes(v):>12}")
-        lines.append(f"across hosts: {_fmt_bytes(self.cross_host_bytes())}")
+            lines.append(f"{h:>5} {fmt_bytes(o):>12} {fmt_bytes(v):>12}")
+        lines.append(f"across hosts: {fmt_bytes(self.cross_host_bytes())}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -323,7 +183,7 @@ class Plan:
                 "balance": self.balance,
                 "topology": self.topology.to_json(),
                 "fallbacks": [list(f) for f in self.fallbacks],
-                "ops": [_op_to_json(op) for op in self.ops],
+                "ops": [op_to_json(op) for op in self.ops],
             },
             indent=indent,
         )
@@ -338,7 +198,7 @@ class Plan:
             raise ValueError(f"not a meshcast plan: format={data.get('format')!r}")
         plan = cls(
             task=ReshardTask.from_json(data["task"]),
-            ops=_ops_from_json(data["ops"]),
+            ops=ops_from_json(data["ops"]),
             strategy=data["strategy"],
             balance=data["balance"],
             topology=Topology.from_json(data["topology"]),
@@ -348,9 +208,10 @@ class Plan:
         return plan
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if abs(n) < 1024 or unit == "EiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError
+def check_plan(plan: Plan) -> None:
+    """Raise ``ValueError`` naming the first missing or wrong region (rank, box, operation index)
+    if ``plan`` does not deliver its destination layout exactly (:mod:`meshcast.core.plan_check`).
+    The verdict is kept on the plan, so a plan is checked once however often it runs."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
+    plan.check()

@@ -1,6 +1,7 @@
 """The plan check: a plan is run only if it delivers exactly the destination layout.
 
-:func:`check_plan` verifies, before any byte moves, that
+:func:`plan_error` (behind ``Plan.check`` and :func:`meshcast.check_plan`) verifies, before
+any byte moves, that
 
 * every operation is well formed: a known kind, integer ranks, boxes as tuples of ``slice(start,
   stop)`` inside the tensor; a ``Copy``'s rank in both meshes, senders in the source mesh,
@@ -31,21 +32,12 @@ import numpy as np
 
 from . import coverage
 from .coverage import fmt_box
-from .plan import AllGather, Broadcast, Copy, Plan, Send
+from .ops import AllGather, Broadcast, Copy, Op, Send
 from .plan_ops import BadOp, Records, read_ops
 from .task import ReshardTask
 from .topology import Topology
 
-__all__ = ["check_plan", "plan_error"]
-
-
-def check_plan(plan: Plan) -> None:
-    """Raise ``ValueError`` naming the first missing or wrong region (rank, box, operation index)
-    if ``plan`` does not deliver its destination layout exactly (module doc). The verdict is kept
-    on the plan, so a plan is checked once however often it runs."""
-    if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
-    plan.check()
+__all__ = ["plan_error"]
 
 
 def _ranks_text(ranks: Any) -> str:
@@ -64,29 +56,29 @@ def _describe(op: Any) -> str:
     return type(op).__name__
 
 
-def plan_error(plan: Plan) -> str | None:
-    """Why ``plan`` must not run (module doc), or None if it is sound."""
-    task = plan.task
+def plan_error(task: Any, topology: Any, ops: Any) -> str | None:
+    """Why a plan of ``task`` on ``topology`` with operations ``ops`` must not run (module doc),
+    or None if it is sound. The arguments are a plan's fields, checked here too."""
     if not isinstance(task, ReshardTask):
         return f"plan.task must be a meshcast.ReshardTask, got {type(task).__name__}"
-    if not isinstance(plan.topology, Topology):
-        return f"plan.topology must be a meshcast.Topology, got {type(plan.topology).__name__}"
-    if type(plan.ops) is not tuple:
-        return f"plan.ops must be a tuple of operations, got {type(plan.ops).__name__}"
+    if not isinstance(topology, Topology):
+        return f"plan.topology must be a meshcast.Topology, got {type(topology).__name__}"
+    if type(ops) is not tuple:
+        return f"plan.ops must be a tuple of operations, got {type(ops).__name__}"
     try:
-        plan.topology.covers(plan.ranks)
+        topology.covers(sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices)))
     except ValueError as e:
         return f"plan.topology: {e}"
     rec = Records(task)
     try:
-        read_ops(rec, plan.ops)
+        read_ops(rec, ops)
     except BadOp as e:
-        i, op = e.args[1], plan.ops[e.args[1]]
+        i, op = e.args[1], ops[e.args[1]]
         return f"op {i} ({_describe(op)}): {e.args[0]}"
     bounds = {side: _bounds(task, side) for side in ("src", "dst")}
     return (
-        _inside(plan, rec, bounds) or _coverage(plan, rec, bounds["dst"])
-        or _contributions(plan, rec)
+        _inside(task, ops, rec, bounds) or _coverage(task, ops, rec, bounds["dst"])
+        or _contributions(task, ops, rec)
     )
 
 
@@ -101,10 +93,12 @@ def _bounds(task: ReshardTask, side: str) -> np.ndarray:
     return rows
 
 
-def _inside(plan: Plan, rec: Records, bounds: dict[str, np.ndarray]) -> str | None:
+def _inside(
+    task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records, bounds: dict[str, np.ndarray]
+) -> str | None:
     """Reads inside the sender's source shard, deliveries and contributions inside the
     receiver's destination shard: the first operation breaking this, or None."""
-    task, d = plan.task, len(plan.task.shape)
+    d = len(task.shape)
     found: list[tuple[int, str]] = []
     for kind, side, verb in (
         ("src", "src", "reads {box}, but rank {r} holds {shard} of the source layout"),
@@ -124,12 +118,13 @@ def _inside(plan: Plan, rec: Records, bounds: dict[str, np.ndarray]) -> str | No
     if not found:
         return None
     i, why = min(found)
-    return f"op {i} ({_describe(plan.ops[i])}) {why}"
+    return f"op {i} ({_describe(plan_ops[i])}) {why}"
 
 
-def _coverage(plan: Plan, rec: Records, shards: np.ndarray) -> str | None:
+def _coverage(
+    task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records, shards: np.ndarray
+) -> str | None:
     """Every destination shard delivered exactly once: None, or the first wrong region."""
-    task = plan.task
     ops, pos, boxes = rec.rows["dst"]
     wrong = coverage.exact_cover(task.shape, pos, boxes, shards)
     if not wrong:
@@ -147,12 +142,12 @@ def _coverage(plan: Plan, rec: Records, shards: np.ndarray) -> str | None:
             f"{f.element}{more}"
         )
     return (
-        f"op {f.later} ({_describe(plan.ops[f.later])}) delivers {coverage.fmt_flat(f.region)} "
+        f"op {f.later} ({_describe(plan_ops[f.later])}) delivers {coverage.fmt_flat(f.region)} "
         f"to rank {r} a second time (op {f.earlier} delivered it before){more}"
     )
 
 
-def _contributions(plan: Plan, rec: Records) -> str | None:
+def _contributions(task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records) -> str | None:
     """Each all-gather member's part delivered to it by earlier operations: None, or the first
     contribution that is not (coverage is exact by now, so no other delivery overlaps it)."""
     own_ops, own_pos, own = rec.rows["own"]
@@ -170,9 +165,9 @@ def _contributions(plan: Plan, rec: Records) -> str | None:
         return None
     i = min(bad)
     k, j = bad[i]
-    r = plan.task.dst.mesh.devices[int(own_pos[k])]
+    r = task.dst.mesh.devices[int(own_pos[k])]
     return (
-        f"op {i} ({_describe(plan.ops[i])}) has rank {r} contribute part "
+        f"op {i} ({_describe(plan_ops[i])}) has rank {r} contribute part "
         f"{coverage.fmt_flat(own[k])} before it holds it: op {int(ops[j])} delivers "
         f"{coverage.fmt_flat(coverage.intersect(own[k], boxes[j]))} of it later"
     )

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import coverage
-from .plan import AllGather, Broadcast, Copy, Send
+from .ops import AllGather, Broadcast, Copy, Send
 from .task import ReshardTask
 
 __all__ = ["BadOp", "Records", "read_ops"]

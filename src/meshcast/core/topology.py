@@ -13,7 +13,7 @@ from typing import Any
 from .checks import as_index
 from .mesh import Mesh
 
-__all__ = ["PRESETS", "Topology"]
+__all__ = ["EMULATED_INTRA_GBPS", "PRESETS", "Topology", "preset_links"]
 
 # name -> (devices per host, NICs per host, Gbit/s per NIC, intra-host Gbit/s, latency in us)
 PRESETS: dict[str, tuple[int, int, float, float, float]] = {
@@ -23,6 +23,21 @@ PRESETS: dict[str, tuple[int, int, float, float, float]] = {
     "h100x8": (8, 8, 400.0, 3600.0, 10.0),
 }
 PRESETS["modern"] = PRESETS["h100x8"]  # the issue's name for the modern node
+
+EMULATED_INTRA_GBPS = 20.0
+"""Intra-host bandwidth (Gbit/s) of the emulated cluster (:mod:`meshcast.cluster`): gloo over
+loopback inside one namespace, measured on the 2-core development machine (docs/cluster.md)."""
+
+
+def preset_links(name: str) -> dict[str, Any]:
+    """The link keywords of preset ``name`` (:data:`PRESETS`) for :class:`Topology` and
+    :meth:`Topology.from_meshes`: NIC rates both ways, NICs per host, intra-host rate, latency,
+    and the preset's name."""
+    if name not in PRESETS:
+        raise ValueError(f"topology preset {name!r} is unknown; known: {', '.join(PRESETS)}")
+    _, nics, nic, intra, lat = PRESETS[name]
+    return dict(nic_in_gbps=nic, nic_out_gbps=nic, nics_per_host=nics, intra_gbps=intra,
+                latency_us=lat, name=name)
 
 
 def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> tuple[float, ...]:
@@ -35,16 +50,6 @@ def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> 
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
             raise ValueError(f"{argument} must be positive numbers, got {v!r}")
     return tuple(float(v) for v in values)
-
-
-def _check_job_covers(topology: Topology, meshes: Sequence[Mesh]) -> None:
-    outside = sorted({r for m in meshes for r in m.devices} - set(topology.ranks))
-    if outside:
-        raise ValueError(
-            f"topology=None: the meshes use ranks {outside[:8]} outside this job, whose "
-            f"{len(topology.ranks)} ranks meshcast placed on hosts from the job's environment; "
-            f"pass topology= to plan for other ranks"
-        )
 
 
 @dataclass(frozen=True)
@@ -133,15 +138,23 @@ class Topology:
         )
 
     @classmethod
-    def preset(cls, name: str, num_hosts: int, *, first_rank: int = 0) -> Topology:
+    def preset(
+        cls,
+        name: str,
+        num_hosts: int,
+        *,
+        first_rank: int = 0,
+        devices_per_host: int | None = None,
+    ) -> Topology:
         """A named cluster: ``"p3.8xlarge"`` (the paper's) or ``"h100x8"`` / ``"modern"`` (8 GPUs,
-        8 x 400 Gbit/s NICs)."""
+        8 x 400 Gbit/s NICs). ``devices_per_host`` overrides the preset's count (its links
+        stay)."""
         if name not in PRESETS:
             raise ValueError(f"topology preset {name!r} is unknown; known: {', '.join(PRESETS)}")
         dph, nics, nic, intra, lat = PRESETS[name]
         return cls.uniform(
             num_hosts,
-            dph,
+            dph if devices_per_host is None else devices_per_host,
             nic_gbps=nic,
             nics_per_host=nics,
             intra_gbps=intra,
@@ -149,6 +162,12 @@ class Topology:
             first_rank=first_rank,
             name=name,
         )
+
+    @classmethod
+    def preset_for_meshes(cls, name: str, *meshes: Mesh) -> Topology:
+        """Hosts from ``meshes`` by the paper's convention (:meth:`from_meshes`: the last axis of
+        each mesh spans one host), links of the preset ``name`` (:meth:`preset`)."""
+        return cls.from_meshes(*meshes, **preset_links(name))
 
     @classmethod
     def from_host_map(cls, host_of: Mapping[int, Any], **kwargs: Any) -> Topology:
@@ -175,29 +194,17 @@ class Topology:
                     seen.update(new)
         return cls(tuple(hosts), **kwargs)
 
-    @classmethod
-    def resolve(cls, topology: Topology | None, *meshes: Mesh) -> Topology:
-        """``topology``; when it is None, the running job's hosts read from its environment
-        (:func:`meshcast.job_topology`: torchrun, ``meshcast.launch``), else, outside a job, the
-        paper's convention (:meth:`from_meshes`). Checked to place every rank of ``meshes``."""
-        if topology is None:
-            from .job import job_topology
-
-            topology = job_topology()
-            if topology is not None:
-                _check_job_covers(topology, meshes)
-                return topology
-            topology = cls.from_meshes(*meshes)
-        elif not isinstance(topology, Topology):
-            raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
-        topology.covers({r for mesh in meshes for r in mesh.devices})
-        return topology
-
     # -- queries ----------------------------------------------------------------------------
     @property
     def num_hosts(self) -> int:
         """Number of hosts."""
         return len(self.hosts)
+
+    @property
+    def hosts_by_rank(self) -> Mapping[int, int]:
+        """``{rank: host index}`` for every rank (the topology's own map: read it, do not change
+        it)."""
+        return self._host_of
 
     @property
     def ranks(self) -> list[int]:
@@ -211,20 +218,10 @@ class Topology:
         except KeyError:
             raise ValueError(f"rank {rank} is not in the topology") from None
 
-    def host_map(self, ranks: Iterable[int]) -> dict[int, int]:
-        """``{rank: host}`` for ``ranks``; every rank must be in the topology."""
-        return {r: self.host_of(r) for r in ranks}
-
-    def nic_of(self, rank: int) -> tuple[int, int]:
-        """(host, NIC index on that host) of ``rank``: devices fill the NICs in equal blocks."""
-        h = self.host_of(rank)
-        ranks = self.hosts[h]
-        per_nic = -(-len(ranks) // self.nics_per_host[h])
-        return h, ranks.index(rank) // per_nic
-
     def global_nics(self) -> tuple[dict[int, int], list[int]]:
         """Every NIC numbered across hosts (host 0's NICs first): ``({rank: global NIC id},
-        [host of each global NIC])``, with devices attached as in :meth:`nic_of`."""
+        [host of each global NIC])``; the devices of a host fill its NICs in equal consecutive
+        blocks."""
         nic_of: dict[int, int] = {}
         host_of_nic: list[int] = []
         for h, ranks in enumerate(self.hosts):

@@ -34,17 +34,27 @@ The bound holds for every plan the simulator can run; ``efficiency = lower_bound
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from ..core.job import topology_for_meshes
 from ..core.task import ReshardTask
 from ..core.topology import Topology
+from ..core.units import GBIT
 
-__all__ = ["LowerBound", "lower_bound", "lower_bound_details"]
+__all__ = [
+    "FLOAT_MARGIN",
+    "LowerBound",
+    "bound_seconds",
+    "inbound_seconds",
+    "joint_lower_bound",
+    "lower_bound",
+    "lower_bound_details",
+]
 
-_GBIT = 1e9 / 8
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,26 @@ class LowerBound:
     fractions: tuple[tuple[float, ...], ...]
     host_s: float = 0.0
 
+    @property
+    def unmargined_s(self) -> float:
+        """The bound without its downward float margin (:data:`FLOAT_MARGIN`)."""
+        return bound_seconds(
+            self.inbound_s, self.outbound_s, self.latency_s, self.rank_s, self.host_s
+        )
+
+
+FLOAT_MARGIN = 1e-9
+"""Relative margin the bound is lowered by, so that float rounding in the simulator (sums of
+many durations) never puts a plan's simulated time below it."""
+
+
+def bound_seconds(
+    inbound: float, outbound: float, latency: float, rank: float, host: float, margin: float = 0.0
+) -> float:
+    """The lower bound from its parts: the larger of the network bound (inbound or outbound,
+    plus one latency) and the per-rank and per-host bounds, each lowered by ``margin``."""
+    return max(max(inbound, outbound) * (1 - margin) + latency, max(rank, host) * (1 - margin))
+
 
 def _host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts: int) -> np.ndarray:
     out = np.zeros((len(tiles), n_hosts), dtype=bool)
@@ -73,14 +103,33 @@ def _host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts:
     return out
 
 
+def inbound_seconds(host_in: np.ndarray, topology: Topology) -> float:
+    """The inbound bound: the busiest host's bytes in (``host_in[h]``) over all its NICs."""
+    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * GBIT
+    return float((host_in / b_in).max())
+
+
+def joint_lower_bound(tasks: Sequence[ReshardTask], topology: Topology) -> float:
+    """Seconds no joint run of ``tasks`` (all at once, e.g. a weight sync) can beat on
+    ``topology``: the busiest host's inbound bytes of all tasks together, plus one latency, and
+    no less than any one task's :func:`lower_bound`."""
+    host_in = np.zeros(topology.num_hosts)
+    single = 0.0
+    for t in tasks:
+        d = lower_bound_details(t, topology)
+        host_in += d.host_in_bytes
+        single = max(single, d.seconds)
+    return max(inbound_seconds(host_in, topology) + topology.latency_us * 1e-6, single)
+
+
 def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> LowerBound:
     """The lower bound with its parts (see :class:`LowerBound`)."""
     if not isinstance(task, ReshardTask):
         raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
-    topology = Topology.resolve(topology, task.src.mesh, task.dst.mesh)
+    topology = topology_for_meshes(topology, task.src.mesh, task.dst.mesh)
     dec = task.decomposition
     n_hosts = topology.num_hosts
-    host_of = topology._host_of
+    host_of = topology.hosts_by_rank
     held = _host_matrix(dec.holders_of_tile, host_of, n_hosts)
     wanted = _host_matrix(dec.receivers_of_tile, host_of, n_hosts)
     n_dst = len(dec.receivers_of_tile)
@@ -95,9 +144,8 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     lacking = ~held
     host_in = ((tile_bytes @ wanted) * lacking).sum(axis=0)
     need_any = (wanted.astype(float) @ lacking.T.astype(float))[t, s] > 0  # some host needs it
-    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * _GBIT
-    b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * _GBIT
-    inbound = float((host_in / b_in).max()) if n_hosts else 0.0
+    b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * GBIT
+    inbound = inbound_seconds(host_in, topology) if n_hosts else 0.0
     # outbound: bytes of each source tile that must leave, grouped by holder-host set (exact
     # int64 sums of disjoint parts of the tensor, which has at most 2^63 - 1 bytes)
     leave = _sum_by(s, np.where(need_any, exact, 0), len(held))
@@ -112,9 +160,7 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     rank = _rank_bound(topology, per_rank, s, t, nbytes, held, wanted)
     host = _host_bound(topology, per_rank, s, t, nbytes, held, wanted, need_any)
     return LowerBound(
-        seconds=max(
-            max(inbound, outbound) * (1 - 1e-9) + latency, max(rank, host) * (1 - 1e-9)
-        ),
+        seconds=bound_seconds(inbound, outbound, latency, rank, host, FLOAT_MARGIN),
         inbound_s=inbound,
         outbound_s=outbound,
         latency_s=latency,
@@ -156,7 +202,7 @@ def _rank_tiles(task: ReshardTask, topology: Topology) -> _RankTiles:
     ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
     index = {r: i for i, r in enumerate(ranks)}
     return _RankTiles(
-        np.array([topology._host_of[r] for r in ranks], dtype=np.int64),
+        np.array([topology.hosts_by_rank[r] for r in ranks], dtype=np.int64),
         _rank_matrix(dec.holders_of_tile, index),
         _rank_matrix(dec.receivers_of_tile, index),
     )
@@ -195,11 +241,11 @@ def _rank_bound(
         topology.intra_gbps,
         *(g * k for g, k in zip(topology.nic_in_gbps, topology.nics_per_host)),
         *(g * k for g, k in zip(topology.nic_out_gbps, topology.nics_per_host)),
-    ) * _GBIT
+    ) * GBIT
     # a slice no rank of the receiver's host holds reaches it either in one operation that crosses
     # into the host (lat + bytes over one inbound NIC) or in two or more (an AllGather member
     # contributes a part it received before): lat + min(bytes / NIC, lat), not bytes / fastest
-    nic_in = np.array(topology.nic_in_gbps, dtype=float)[rank_host] * _GBIT
+    nic_in = np.array(topology.nic_in_gbps, dtype=float)[rank_host] * GBIT
     held_by_host = held_host.T.astype(float)  # host x src tile
     off_bytes = np.zeros(len(rank_host))
     off_cost = np.zeros(len(rank_host))
@@ -213,7 +259,7 @@ def _rank_bound(
     per_tile = n_send * lat + b_send / fastest
     # senders, with NIC rates: a slice no receiver of which sits on a holder host crosses a NIC
     # in every operation that carries it, at most at the fastest single outbound NIC's rate
-    nic = max(topology.nic_out_gbps) * _GBIT
+    nic = max(topology.nic_out_gbps) * GBIT
     cross = (wanted_host.astype(float) @ held_host.T.astype(float))[t, s] == 0
     busy = lat + nbytes / np.where(cross, nic, fastest)
     per_tile_nic = np.bincount(s[lacks], weights=busy[lacks], minlength=len(held)) / holders
@@ -254,7 +300,7 @@ def _host_bound(
         held_h = held[:, cols]
         if held_h.any():
             k = k - (held_h @ wanted[:, cols].T)[sh, th]
-        tr = bh / (topology.nic_in_gbps[h] * _GBIT)
+        tr = bh / (topology.nic_in_gbps[h] * GBIT)
         recv = np.where(
             held_host[sh, h],
             k * lat + np.minimum(k * tr, lat),
@@ -266,7 +312,7 @@ def _host_bound(
     go = np.flatnonzero(alone & need_any)
     if len(go):
         owner = held_host.argmax(axis=1)[s[go]]
-        nic_out = np.array(topology.nic_out_gbps) * _GBIT
+        nic_out = np.array(topology.nic_out_gbps) * GBIT
         busy = np.bincount(owner, weights=lat + nbytes[go] / nic_out[owner], minlength=len(size))
         best = max(best, float((busy / size).max()))
     return best

@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.layout import box_size
 from ..core.plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
 from ..core.topology import Topology
+from ..core.units import GBIT
 
 __all__ = ["SimReport", "simulate", "time_floor"]
 
-_GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,6 @@ class SimReport:
     op_nics: tuple[tuple[int, ...], ...]
     nic_names: tuple[str, ...]
     kinds: tuple[str, ...]
-    _extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def timeline(self) -> list[tuple[int, str, float, float]]:
@@ -125,16 +123,16 @@ class _Nics:
         for g, h in enumerate(self.host_of_nic):
             j = g - self.host_of_nic.index(h)
             self.names += [f"h{h}.nic{j} out", f"h{h}.nic{j} in"]
-            self.caps += [topology.nic_out_gbps[h] * _GBIT, topology.nic_in_gbps[h] * _GBIT]
+            self.caps += [topology.nic_out_gbps[h] * GBIT, topology.nic_in_gbps[h] * GBIT]
 
 
 def _op_model(plan: Plan, topology: Topology, nics: _Nics):
     """Per op: (ranks, bytes, NIC resources, intra cap or inf, latency s, kind)."""
     itemsize = plan.task.itemsize
-    host_of = topology._host_of
+    host_of = topology.hosts_by_rank
     gid = nics.gid
     lat = topology.latency_us * 1e-6
-    intra = topology.intra_gbps * _GBIT
+    intra = topology.intra_gbps * GBIT
     inf = math.inf
     out = []
     for op in plan.ops:
@@ -256,64 +254,121 @@ def time_floor(plan: Plan, topology: Topology) -> float:
 
 def _run(model, caps: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The event loop. Returns per-op start, transfer-begin and end times (seconds)."""
-    n = len(model)
-    # dependencies: the previous op of each rank
-    last_of: dict[int, int] = {}
-    npred = [0] * n
-    succs: list[list[int]] = [[] for _ in range(n)]
-    for i, m in enumerate(model):
-        preds = set()
-        for r in m[0]:
-            p = last_of.get(r)
-            if p is not None:
-                preds.add(p)
-            last_of[r] = i
-        npred[i] = len(preds)
-        for p in preds:
-            succs[p].append(i)
-    start = [0.0] * n
-    begin = [0.0] * n
-    end = [0.0] * n
-    remaining = [0.0] * n
-    rate = [0.0] * n
-    stamp = [0.0] * n
-    version = [0] * n
-    count = [0] * len(caps)
-    flows: list[dict[int, None]] = [{} for _ in caps]
-    heap: list[tuple[float, int, int, int, int]] = []
-    push, pop = heapq.heappush, heapq.heappop
-    seq = 0
-    inf = math.inf
+    loop = _EventLoop(model, caps)
+    return loop.run()
 
-    def launch(i: int, t: float) -> None:
-        nonlocal seq
-        start[i] = t
-        _, nbytes, res, cap, lat = model[i]
+
+class _EventLoop:
+    """The simulator's state: operations wait for their ranks' previous operation, pay their
+    latency, then share their NICs max-min fairly until their bytes are moved.
+
+    Events on the heap are ``(time, sequence, kind, op, version)``: kind 0 ends an operation's
+    latency, kind 1 ends the operation (stale when its rate changed since: ``version``)."""
+
+    def __init__(self, model, caps: list[float]) -> None:
+        n = len(model)
+        self.model, self.caps = model, caps
+        # dependencies: the previous op of each rank
+        last_of: dict[int, int] = {}
+        self.npred = [0] * n
+        self.succs: list[list[int]] = [[] for _ in range(n)]
+        for i, m in enumerate(model):
+            preds = set()
+            for r in m[0]:
+                p = last_of.get(r)
+                if p is not None:
+                    preds.add(p)
+                last_of[r] = i
+            self.npred[i] = len(preds)
+            for p in preds:
+                self.succs[p].append(i)
+        self.start = [0.0] * n
+        self.begin = [0.0] * n
+        self.end = [0.0] * n
+        self.remaining = [0.0] * n
+        self.rate = [0.0] * n
+        self.stamp = [0.0] * n
+        self.version = [0] * n
+        self.flows: list[dict[int, None]] = [{} for _ in caps]
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+
+    def _push(self, t: float, kind: int, i: int, version: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, i, version))
+
+    def run(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Run every operation; per-op start, transfer-begin and end times."""
+        for i in range(len(self.model)):
+            if self.npred[i] == 0:
+                self._launch(i, 0.0)
+        heap, pop = self.heap, heapq.heappop
+        while heap:
+            t, _, kind, i, ver = pop(heap)
+            if kind == 0:
+                self._latency_over(i, t)
+            elif not self.model[i][2] or ver == self.version[i]:  # else stale: rate changed
+                self._finish(i, t)
+        return np.array(self.start), np.array(self.begin), np.array(self.end)
+
+    def _launch(self, i: int, t: float) -> None:
+        self.start[i] = t
+        _, nbytes, res, cap, lat = self.model[i]
         if res:
-            seq += 1
-            push(heap, (t + lat, seq, 0, i, 0))
+            self._push(t + lat, 0, i, 0)
         else:
-            begin[i] = t + lat
-            seq += 1
-            push(heap, (t + lat + (nbytes / cap if nbytes else 0.0), seq, 1, i, 0))
+            self.begin[i] = t + lat
+            self._push(t + lat + (nbytes / cap if nbytes else 0.0), 1, i, 0)
 
-    def reset(f: int, new: float, t: float) -> None:
-        nonlocal seq
-        old = rate[f]
+    def _latency_over(self, i: int, t: float) -> None:
+        """The transfer of ``i`` joins its NICs."""
+        m = self.model[i]
+        self.begin[i] = t
+        self.remaining[i] = float(m[1])
+        self.stamp[i] = t
+        self.rate[i] = 0.0
+        if not m[1]:
+            self._push(t, 1, i, self.version[i])
+            return
+        touched: dict[int, None] = {}
+        for r in m[2]:
+            self.flows[r][i] = None
+            touched.update(self.flows[r])
+        self._refill(touched, t)
+
+    def _finish(self, i: int, t: float) -> None:
+        m = self.model[i]
+        self.end[i] = t
+        if m[2] and m[1]:
+            touched: dict[int, None] = {}
+            for r in m[2]:
+                del self.flows[r][i]
+                touched.update(self.flows[r])
+            self.rate[i] = 0.0
+            if touched:
+                self._refill(touched, t)
+        for s in self.succs[i]:
+            self.npred[s] -= 1
+            if self.npred[s] == 0:
+                self._launch(s, t)
+
+    def _reset(self, f: int, new: float, t: float) -> None:
+        old = self.rate[f]
         if new == old:
             return
-        remaining[f] -= old * (t - stamp[f])
+        remaining = self.remaining
+        remaining[f] -= old * (t - self.stamp[f])
         if remaining[f] < 0.0:
             remaining[f] = 0.0
-        stamp[f] = t
-        rate[f] = new
-        version[f] += 1
-        seq += 1
-        push(heap, (t + remaining[f] / new, seq, 1, f, version[f]))
+        self.stamp[f] = t
+        self.rate[f] = new
+        self.version[f] += 1
+        self._push(t + remaining[f] / new, 1, f, self.version[f])
 
-    def refill(touched: dict[int, None], t: float) -> None:
+    def _refill(self, touched: dict[int, None], t: float) -> None:
         """Max-min fair rates for the touched transfers; the others keep theirs (local
         water-filling: feasible, and exact when the touched set is a whole component)."""
+        model, caps, flows, rate = self.model, self.caps, self.flows, self.rate
         resid: dict[int, float] = {}
         cnt: dict[int, int] = {}
         for f in touched:
@@ -324,7 +379,7 @@ def _run(model, caps: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 cnt[r] += 1
         todo = dict(touched)
         while todo:
-            share, where = inf, -1
+            share, where = math.inf, -1
             for r, c in cnt.items():
                 if c:
                     v = resid[r] / c
@@ -339,48 +394,7 @@ def _run(model, caps: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 share = 1e-300
             for f in fixed:
                 del todo[f]
-                reset(f, share, t)
+                self._reset(f, share, t)
                 for r in model[f][2]:
                     resid[r] -= share
                     cnt[r] -= 1
-
-    for i in range(n):
-        if npred[i] == 0:
-            launch(i, 0.0)
-    while heap:
-        t, _, kind, i, ver = pop(heap)
-        m = model[i]
-        res = m[2]
-        if kind == 0:  # latency over: the transfer joins its NICs
-            begin[i] = t
-            remaining[i] = float(m[1])
-            stamp[i] = t
-            rate[i] = 0.0
-            if not m[1]:
-                seq += 1
-                push(heap, (t, seq, 1, i, version[i]))
-                continue
-            touched: dict[int, None] = {}
-            for r in res:
-                count[r] += 1
-                flows[r][i] = None
-                touched.update(flows[r])
-            refill(touched, t)
-            continue
-        if res and ver != version[i]:
-            continue  # stale: the rate changed since this end time was computed
-        end[i] = t
-        if res and m[1]:
-            touched = {}
-            for r in res:
-                count[r] -= 1
-                del flows[r][i]
-                touched.update(flows[r])
-            rate[i] = 0.0
-            if touched:
-                refill(touched, t)
-        for s in succs[i]:
-            npred[s] -= 1
-            if npred[s] == 0:
-                launch(s, t)
-    return np.array(start), np.array(begin), np.array(end)

@@ -22,21 +22,25 @@ arguments, so every rank computes the same plans and the same buckets.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from ..core.layout import Box, box_size, split_box
+from ..core.boxes import Box, box_size, boxes_overlap, split_box
+from ..core.cache import BoundedCache
+from ..core.job import topology_for_meshes
 from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
+from ..core.units import GBIT
 from .planner import plan as plan_one
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "JOINT_STRATEGIES",
+    "PLANS",
+    "SCHEDULES",
     "Schedule",
     "build_schedule",
     "clear_plan_cache",
@@ -52,7 +56,6 @@ JOINT_STRATEGIES = ("broadcast", "send_recv")
 PLAN_CACHE_SIZE = 64
 """Distinct (tasks, topology, strategy, balance) entries kept (least recently used dropped)."""
 
-_GBIT = 1e9 / 8
 
 
 # -- joint planning ---------------------------------------------------------------------------
@@ -64,12 +67,12 @@ def default_topology(tasks: Sequence[ReshardTask]) -> Topology:
         for m in (t.src.mesh, t.dst.mesh):
             if m not in meshes:
                 meshes.append(m)
-    return Topology.resolve(None, *meshes)
+    return topology_for_meshes(None, *meshes)
 
 
 def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str) -> list[Plan]:
-    host_of = topology._host_of
-    out_rate = [g * _GBIT for g in topology.nic_out_gbps]
+    host_of = topology.hosts_by_rank
+    out_rate = [g * GBIT for g in topology.nic_out_gbps]
     nics = topology.nics_per_host
     host_load = [0.0] * topology.num_hosts  # bytes given to each host to send across hosts
     rank_load: dict[int, int] = defaultdict(int)
@@ -124,9 +127,16 @@ def _joint_plans(tasks: Sequence[ReshardTask], topology: Topology, strategy: str
     return plans
 
 
-_cache_lock = threading.Lock()
-_plan_cache: OrderedDict[Any, tuple[Plan, ...]] = OrderedDict()
-_cache_stats = {"hits": 0, "misses": 0}
+PLANS = BoundedCache(
+    "planning.plan_many", PLAN_CACHE_SIZE, "plans of plan_many by (tasks, topology, options)"
+)
+"""The plans :func:`plan_many` made, by (tasks, topology, strategy, balance)."""
+SCHEDULES = BoundedCache(
+    "planning.build_schedule", PLAN_CACHE_SIZE,
+    "schedules of build_schedule by (the plan objects, bucket bytes)",
+)
+"""The schedules :func:`build_schedule` made, by (ids of the plan objects, bucket bytes); each
+entry keeps its plans, so an id is not reused while its entry lives."""
 
 
 def plan_many(
@@ -170,37 +180,30 @@ def plan_many(
                 raise ValueError(f"tasks[{k}] ({t.describe()}): {exc}") from None
     key = (tuple(tasks), topology, strategy, balance)
     if cache:
-        with _cache_lock:
-            hit = _plan_cache.get(key)
-            if hit is not None:
-                _plan_cache.move_to_end(key)
-                _cache_stats["hits"] += 1
-                return list(hit)
+        hit = PLANS.get(key)
+        if hit is not None:
+            return list(hit)
     if balance == "joint":
         plans = _joint_plans(tasks, topology, strategy) if tasks else []
     else:
         plans = [plan_one(t, topology, strategy, balance) for t in tasks]
     if cache:
-        with _cache_lock:
-            _cache_stats["misses"] += 1
-            _plan_cache[key] = tuple(plans)
-            while len(_plan_cache) > PLAN_CACHE_SIZE:
-                _plan_cache.popitem(last=False)
+        PLANS.put(key, tuple(plans))
     return plans
 
 
 def plan_cache_info() -> dict[str, int]:
-    """``{"hits": ..., "misses": ..., "size": ...}`` of this process's plan cache."""
-    with _cache_lock:
-        return {**_cache_stats, "size": len(_plan_cache)}
+    """``{"hits": ..., "misses": ..., "size": ...}`` of this process's cache of
+    :func:`plan_many` (:data:`PLANS`; every cache: :func:`meshcast.cache_info`)."""
+    info = PLANS.info()
+    return {"hits": info.hits, "misses": info.misses, "size": info.size}
 
 
 def clear_plan_cache() -> None:
-    """Forget every cached plan and schedule and zero the counters."""
-    with _cache_lock:
-        _plan_cache.clear()
-        _schedule_cache.clear()
-        _cache_stats.update(hits=0, misses=0)
+    """Forget every cached plan and schedule (:data:`PLANS`, :data:`SCHEDULES`) and zero the
+    counters."""
+    PLANS.clear()
+    SCHEDULES.clear()
 
 
 # -- the bucketed, phased schedule ------------------------------------------------------------
@@ -291,37 +294,38 @@ def _staging(xfers: list[_Xfer], itemsize: int) -> dict[int, int]:
     return out
 
 
-def _overlaps(a: Box, b: Box) -> bool:
-    return all(x.start < y.stop and y.start < x.stop for x, y in zip(a, b))
-
-
-_schedule_cache: OrderedDict[tuple[int, ...], tuple[tuple[Plan, ...], int, Schedule]] = (
-    OrderedDict()
-)
-
-
 def build_schedule(plans: Sequence[Plan], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Schedule:
     """Cut the operations of ``plans`` (tensor ``k`` = ``plans[k]``) into buckets and phases.
 
     Operations are taken in order (plan by plan, then plan order). A bucket closes before an
     operation that would make some rank stage more than ``bucket_bytes``; an operation that alone
     exceeds it is cut into parts along its box's longest dimension (all-gathers are never cut).
-    Cached per list of plan objects.
+    Cached per list of plan objects (:data:`SCHEDULES`).
     """
-    key = tuple(id(p) for p in plans)
-    with _cache_lock:
-        hit = _schedule_cache.get(key)
-        if hit is not None and hit[1] == bucket_bytes and all(
-            a is b for a, b in zip(hit[0], plans)
-        ):
-            return hit[2]
+    key = (tuple(id(p) for p in plans), int(bucket_bytes))
+    hit = SCHEDULES.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], plans)):
+        return hit[1]
+    copies, buckets, staging, ranks = _buckets(plans, bucket_bytes)
+    phased = [_phases(xfers, plans) for xfers in buckets if xfers]
+    schedule = Schedule(
+        tuple(copies), tuple(phased), dict(staging), tuple(sorted(ranks)), int(bucket_bytes)
+    )
+    SCHEDULES.put(key, (tuple(plans), schedule))
+    return schedule
+
+
+def _buckets(plans: Sequence[Plan], bucket_bytes: int):
+    """The copies, and the point-to-point movements of every operation in buckets of at most
+    ``bucket_bytes`` staged per rank (module doc); the most each rank stages in one bucket; every
+    rank of the plans."""
     copies: list[tuple[int, int, Box]] = []
     buckets: list[list[_Xfer]] = [[]]
     load: dict[int, int] = defaultdict(int)
     staging: dict[int, int] = defaultdict(int)
     ranks: set[int] = set()
     for k, p in enumerate(plans):
-        host_of = p.topology._host_of
+        host_of = p.topology.hosts_by_rank
         itemsize = p.task.itemsize
         ranks.update(p.ranks)
         for op in p.ops:
@@ -329,14 +333,11 @@ def build_schedule(plans: Sequence[Plan], bucket_bytes: int = DEFAULT_BUCKET_BYT
                 copies.append((k, op.rank, op.box))
                 continue
             xfers = [x._replace(tensor=k) for x in _expand(op, host_of)]
-            need = _staging(xfers, itemsize)
-            worst = max(need.values(), default=0)
+            worst = max(_staging(xfers, itemsize).values(), default=0)
             pieces = [xfers]
             if worst > bucket_bytes and not isinstance(op, AllGather):
                 parts = _split_for_bucket(op.box, -(-worst // bucket_bytes))
-                pieces = [
-                    [x._replace(box=part) for x in xfers] for part in parts
-                ]
+                pieces = [[x._replace(box=part) for x in xfers] for part in parts]
             for piece in pieces:
                 need = _staging(piece, itemsize)
                 if buckets[-1] and any(load[r] + n > bucket_bytes for r, n in need.items()):
@@ -349,31 +350,23 @@ def build_schedule(plans: Sequence[Plan], bucket_bytes: int = DEFAULT_BUCKET_BYT
                     load[r] += n
     for r, n in load.items():
         staging[r] = max(staging[r], n)
-    phased = []
-    for xfers in buckets:
-        if not xfers:
-            continue
-        writes: dict[tuple[int, int], list[tuple[Box, int]]] = defaultdict(list)
-        messages: list[dict[tuple[int, int], list[Segment]]] = []
-        for x in xfers:
-            phase = 0
-            if x.from_out:
-                for box, p in writes.get((x.src, x.tensor), ()):
-                    if p >= phase and _overlaps(box, x.box):
-                        phase = p + 1
-            writes[(x.dst, x.tensor)].append((x.box, phase))
-            while len(messages) <= phase:
-                messages.append(defaultdict(list))
-            nbytes = box_size(x.box) * plans[x.tensor].task.itemsize
-            messages[phase][(x.src, x.dst)].append(Segment(x.tensor, x.box, x.from_out, nbytes))
-        phased.append(
-            tuple(Phase({k: tuple(v) for k, v in m.items()}) for m in messages)
-        )
-    schedule = Schedule(
-        tuple(copies), tuple(phased), dict(staging), tuple(sorted(ranks)), int(bucket_bytes)
-    )
-    with _cache_lock:
-        _schedule_cache[key] = (tuple(plans), int(bucket_bytes), schedule)
-        while len(_schedule_cache) > PLAN_CACHE_SIZE:
-            _schedule_cache.popitem(last=False)
-    return schedule
+    return copies, buckets, staging, ranks
+
+
+def _phases(xfers: list[_Xfer], plans: Sequence[Plan]) -> tuple[Phase, ...]:
+    """The phases of one bucket: a movement that forwards a box its sender received in this
+    bucket goes in a later phase than the one delivering it."""
+    writes: dict[tuple[int, int], list[tuple[Box, int]]] = defaultdict(list)
+    messages: list[dict[tuple[int, int], list[Segment]]] = []
+    for x in xfers:
+        phase = 0
+        if x.from_out:
+            for box, p in writes.get((x.src, x.tensor), ()):
+                if p >= phase and boxes_overlap(box, x.box):
+                    phase = p + 1
+        writes[(x.dst, x.tensor)].append((x.box, phase))
+        while len(messages) <= phase:
+            messages.append(defaultdict(list))
+        nbytes = box_size(x.box) * plans[x.tensor].task.itemsize
+        messages[phase][(x.src, x.dst)].append(Segment(x.tensor, x.box, x.from_out, nbytes))
+    return tuple(Phase({k: tuple(v) for k, v in m.items()}) for m in messages)

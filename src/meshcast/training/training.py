@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..core.mesh import Mesh
-from ..core.topology import Topology
+from ..core.topology import EMULATED_INTRA_GBPS, Topology
 from ..models import gpt, utransformer
 from ..pipeline.graph import StageGraph
 from ..pipeline.runtime import PipelineRuntime, StepResult
@@ -96,7 +96,7 @@ class TrainJob:
         if idle:
             hosts.append(idle)
         return Topology(tuple(tuple(h) for h in hosts), nic_in_gbps=self.nic_gbps,
-                        nic_out_gbps=self.nic_gbps, intra_gbps=20.0)
+                        nic_out_gbps=self.nic_gbps, intra_gbps=EMULATED_INTRA_GBPS)
 
     def with_(self, **changes: Any) -> TrainJob:
         """A copy with ``changes``."""

@@ -1,0 +1,67 @@
+"""The seeds and budgets of the balance methods that search (``"order"`` and ``"auto"``).
+
+Every search is bounded by a count (of jobs, nodes, moves, items), never by the wall clock, and
+every random choice is seeded, so every rank computes the same plan. Each number says where it
+comes from; the counts were set once for the planner benchmark suite (docs/scheduling.md: "no
+task-specific tuning") and changing any of them changes plans.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AUTO_SEARCH_BUDGET",
+    "AUTO_SEARCH_GAP",
+    "AUTO_SEARCH_STEPS",
+    "AUTO_SIM_LIMIT",
+    "AUTO_TRIALS",
+    "AUTO_TRIAL_BUDGET",
+    "CERTIFY_TOL",
+    "FLOOR_TOL",
+    "ORDER_NODE_BUDGET",
+    "ORDER_TRIALS",
+    "SEARCH_MAX_JOBS",
+    "SEARCH_NODE_BUDGET",
+    "SEED",
+]
+
+SEED = 20230501
+"""Seed of every random choice (the same plan everywhere). Any fixed value would do (it reads
+as a date); changing it changes the plans of ``"order"`` and ``"auto"``."""
+ORDER_TRIALS = 100
+"""Greedy-round trials of ``"order"``: the paper's 100 (PAPER.md section 3)."""
+ORDER_NODE_BUDGET = 60_000
+"""Job examinations the greedy rounds of ``"order"`` may spend over all trials. Set once for
+the planner suite (bounds the time of ``"order"`` on its largest tasks); not derived."""
+SEARCH_NODE_BUDGET = 20_000
+"""Nodes of the depth-first branch-and-bound search of ``"order"``. Set once for the planner
+suite (a third of :data:`ORDER_NODE_BUDGET`); not derived."""
+SEARCH_MAX_JOBS = 12
+"""The search runs when an instance has at most this many network transfers: small enough
+that the bounded search explores a useful share of the orders. Set once; not derived."""
+AUTO_SIM_LIMIT = 20_000
+"""Above this many unit slices ``"auto"`` builds one vectorised plan instead of its candidates,
+and checks it against the fixed combinations only where it cannot certify it optimal; below it
+but above this many transfers, ``"auto"`` builds one variant of its own plan and no trials.
+Set once so that planning with every candidate simulated stays interactive on the planner
+suite; not derived."""
+FLOOR_TOL = 1e-9
+"""Relative float margin under which a fixed plan's quick time floor is trusted to rule it out:
+the lower bound's own float margin (:data:`meshcast.estimate.lower_bound.FLOAT_MARGIN`)."""
+CERTIFY_TOL = 1e-9
+"""Above :data:`AUTO_SIM_LIMIT`, the one plan built is kept without simulating others when its
+exact time is within this relative margin of the lower bound (before the bound's own 1e-9 float
+margin): then no plan, fixed or not, is faster by more than about 2e-9 relative."""
+AUTO_SEARCH_GAP = 1.2
+"""``"auto"`` improves its best plan by local search when it simulates above this many times the
+lower bound (docs/scheduling.md, step 8). Set once; not derived."""
+AUTO_SEARCH_STEPS = 200
+"""Moves the local search tries at most. Set once with :data:`AUTO_SEARCH_BUDGET`."""
+AUTO_SEARCH_BUDGET = 60_000
+"""Operations all the local search's simulations may run together (steps x plan length). Set
+once, equal to :data:`ORDER_NODE_BUDGET`; not derived."""
+AUTO_TRIALS = 16
+"""Seeded non-delay dispatch trials (perturbed priorities) per sender choice of ``"auto"``. Set
+once (docs/scheduling.md, step 6); not derived."""
+AUTO_TRIAL_BUDGET = 30_000
+"""Items all those trials may schedule together (so each trial's simulation stays bounded). Set
+once; not derived."""

@@ -1,0 +1,334 @@
+"""``"auto"``'s plan for large tasks, built without simulating candidates (vectorised), and its
+exact time where that can be had without the simulator.
+
+One broadcast per unit slice, senders in turn among the holders of each source tile, ordered in
+rank-disjoint rounds (a Latin square when every sender sends to every receiver, else a
+first-fit colouring); where NICs are shared also a phased order that overlaps one half of each
+NIC's start-ups with the other half's transfers (:func:`_phased_sends`). Where no NIC serves two
+ranks the plan's simulated time is evaluated exactly round by round (:func:`_rounds_time`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core.boxes import Box, box_size
+from ..core.ops import Broadcast, Copy, Op, Send, broadcast_chain
+from ..core.plan import Plan
+from ..core.task import ReshardTask
+from ..core.topology import Topology
+from .dispatch import first_fit_rounds
+from .items import Nets
+
+__all__ = ["large_plan", "unshared_nics"]
+
+
+def unshared_nics(topology: Topology) -> bool:
+    """Whether every NIC serves one rank at most (then no two transfers ever share a NIC: a NIC
+    is loaded only by operations of its one rank, which that rank runs one after another)."""
+    return all(
+        -(-len(ranks) // k) <= 1 for ranks, k in zip(topology.hosts, topology.nics_per_host)
+    )
+
+
+def _op_rate(op: Op, topology: Topology, nets: Nets) -> float:
+    """Bytes/s of ``op`` when it shares no NIC: the slowest NIC on its route, and ``intra_gbps``
+    when it fans out inside a host (:func:`meshcast.simulate`'s rules for a lone transfer)."""
+    host_of, nic = nets.host_of, nets.nic
+    rates: list[float] = []
+    fan = False
+    if isinstance(op, Send):
+        if host_of[op.src] == host_of[op.dst]:
+            return nets.intra
+        return min(nets.out_bw[nic[op.src]], nets.in_bw[nic[op.dst]])
+    assert isinstance(op, Broadcast)
+    prev = None
+    for leader, members in broadcast_chain(op, host_of):
+        if prev is not None:
+            rates += [nets.out_bw[nic[prev]], nets.in_bw[nic[leader]]]
+        fan = fan or bool(members)
+        prev = leader
+    if fan:
+        rates.append(nets.intra)
+    return min(rates) if rates else nets.intra
+
+
+def _rounds_time(
+    topology: Topology,
+    copy_end: dict[int, float],
+    flat: np.ndarray,
+    counts: np.ndarray,
+    nbytes: np.ndarray,
+    rate: np.ndarray,
+    slot: np.ndarray,
+) -> float:
+    """Exact :func:`meshcast.simulate` time of a plan made of per-rank copies followed by network
+    operations listed in rounds (``slot`` non-decreasing; the operations of one round share no
+    rank), on a topology where no NIC serves two ranks (:func:`unshared_nics`). Operation ``i``
+    has the ranks ``flat[sum(counts[:i]) : sum(counts[:i + 1])]``.
+
+    Why exact: no transfer ever shares a NIC, so every operation takes ``latency`` plus its
+    bytes at :func:`_op_rate`, and starts when its ranks are free (their previous operation in
+    plan order has ended). Within a round the ranks are disjoint, so the round is evaluated at
+    once with numpy; the float operations are the simulator's (``(start + lat) + bytes / rate``,
+    copies ``start + bytes / intra`` one after another), so the result is the same number.
+    """
+    lat = topology.latency_us * 1e-6
+    everyone, dense = np.unique(flat, return_inverse=True)
+    free = np.array([copy_end.get(r, 0.0) for r in everyone.tolist()], dtype=np.float64)
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    cuts = np.flatnonzero(np.diff(slot)) + 1
+    bounds = np.concatenate(([0], cuts, [len(counts)])).tolist()
+    dur = nbytes.astype(np.float64) / rate
+    end_all = max(copy_end.values(), default=0.0)
+    for a, b in itertools.pairwise(bounds):
+        if a == b:
+            continue
+        lo, hi = offsets[a], offsets[b]
+        who = dense[lo:hi]
+        start = np.maximum.reduceat(free[who], offsets[a:b] - lo)
+        end = (start + lat) + dur[a:b]
+        free[who] = np.repeat(end, counts[a:b])
+        end_all = max(end_all, float(end.max()))
+    return end_all
+
+
+def _rounds(senders: list[int], remotes: list[tuple[int, ...]]) -> np.ndarray:
+    """A round per operation such that the operations of one round share no rank.
+
+    Every sender sends once to every receiver (a complete bipartite graph, no rank on both
+    sides): the Latin square ``(i + j) mod K`` (sender ``i``, receiver ``j`` in order of rank,
+    ``K`` = the larger count), ``K`` rounds: as few as the busiest rank needs. Otherwise a
+    greedy colouring: each operation into the first round in which none of its ranks is busy
+    (bit masks per rank).
+    """
+    n = len(senders)
+    graph = _complete_bipartite(senders, remotes)
+    if graph is not None:
+        s_ranks, r_ranks, i, j = graph
+        return (i + j) % max(len(s_ranks), len(r_ranks))
+    resources = [(sender, *remote) for sender, remote in zip(senders, remotes)]
+    return np.array(first_fit_rounds(resources, range(n)), dtype=np.int64)
+
+
+def _complete_bipartite(
+    senders: list[int], remotes: list[tuple[int, ...]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """For sends in which every sender sends once to every receiver and no rank is on both sides:
+    the sender ranks, the receiver ranks (sorted), and each send's index into both; else None."""
+    n = len(senders)
+    if not n or any(len(r) != 1 for r in remotes):
+        return None
+    s_ranks, i = np.unique(np.array(senders, dtype=np.int64), return_inverse=True)
+    r_ranks, j = np.unique(np.array([r[0] for r in remotes], dtype=np.int64), return_inverse=True)
+    if n != len(s_ranks) * len(r_ranks) or len(np.unique(i * len(r_ranks) + j)) != n:
+        return None
+    if np.intersect1d(s_ranks, r_ranks).size:
+        return None
+    return s_ranks, r_ranks, i, j
+
+
+def _phased_sends(
+    senders: list[int], remotes: list[tuple[int, ...]], boxes: list[Box], topology: Topology
+) -> list[Op] | None:
+    """Sends of a complete bipartite graph (every sender once to every receiver) ordered in two
+    phases, for NICs that serve an even number of senders (receivers); None otherwise.
+
+    Latin-square rounds over all ranks start every operation of a round together: all the ranks
+    of a NIC pay their start-up at once and the NIC idles meanwhile. Here the ranks of each NIC
+    are cut into two halves (in rank order) and the pairs into two epochs: first half to first
+    half and second to second, then crosswise; each block (a sender half x a receiver half) is a
+    Latin square of its own, and the blocks of an epoch share no rank. The first operation of
+    each second-half sender in each epoch is cut into a one-row piece and the rest, so its block
+    runs one start-up behind the other: one half's transfers fill the NIC while the other half
+    pays its start-ups.
+    """
+    graph = _complete_bipartite(senders, remotes)
+    if graph is None:
+        return None
+    s_ranks, r_ranks, i, j = graph
+    nic, _ = topology.global_nics()
+    sides = _nic_halves(s_ranks, nic), _nic_halves(r_ranks, nic)
+    if sides[0] is None or sides[1] is None:
+        return None  # halves of unequal size load the NICs unevenly (measured slower)
+    (s_half, s_index), (r_half, r_index) = sides
+    n_s = np.bincount(s_half, minlength=2)
+    n_r = np.bincount(r_half, minlength=2)
+    gs, gr = s_half[i], r_half[j]
+    k = np.maximum(n_s[gs], n_r[gr])
+    epoch = gs ^ gr
+    rounds = (r_index[j] - s_index[i]) % k
+    order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch)).tolist()
+    return _with_lead_pieces(order, senders, remotes, boxes, gs, epoch)
+
+
+def _nic_halves(ranks: np.ndarray, nic: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per rank: its half (0, 1) among its NIC's ranks (in rank order), and its index within
+    that half; None unless every NIC serves an even number of them."""
+    nics = np.array([nic[r] for r in ranks.tolist()], dtype=np.int64)
+    size = np.bincount(nics)[nics]
+    if (size % 2).any():
+        return None
+    order = np.lexsort((ranks, nics))
+    pos = np.empty(len(ranks), dtype=np.int64)
+    starts = np.searchsorted(nics[order], nics[order], side="left")
+    pos[order] = np.arange(len(ranks)) - starts
+    half = (pos >= size // 2).astype(np.int64)
+    index = np.empty(len(ranks), dtype=np.int64)
+    for h in (0, 1):
+        members = np.flatnonzero(half == h)
+        index[members] = np.arange(len(members))
+    return half, index
+
+
+def _with_lead_pieces(
+    order: list[int],
+    senders: list[int],
+    remotes: list[tuple[int, ...]],
+    boxes: list[Box],
+    gs: np.ndarray,
+    epoch: np.ndarray,
+) -> list[Op]:
+    """The sends in ``order``; the first send of each second-half sender (``gs``) in each epoch
+    cut into a one-row piece and the rest, so its block runs one start-up behind."""
+    ops: list[Op] = []
+    lead: set[tuple[int, int]] = set()  # (epoch, sender) whose first operation is placed
+    for p in order:
+        a, b, box = senders[p], remotes[p][0], boxes[p]
+        key = (int(epoch[p]), a)
+        if gs[p] and key not in lead:
+            lead.add(key)
+            d = max(range(len(box)), key=lambda x: box[x].stop - box[x].start)
+            lo, hi = box[d].start, box[d].stop
+            if hi - lo >= 2:
+                ops.append(Send(a, b, (*box[:d], slice(lo, lo + 1), *box[d + 1 :])))
+                box = (*box[:d], slice(lo + 1, hi), *box[d + 1 :])
+        ops.append(Send(a, b, box))
+    return ops
+
+
+class _LargeSends(NamedTuple):
+    """The network slices of a large task with their senders: slice ``keep[k]`` goes from
+    ``senders[k]`` to ``remotes[k]``."""
+
+    copies: list[Op]
+    keep: list[int]
+    senders: list[int]
+    remotes: list[tuple[int, ...]]
+    boxes: list[Box]
+    sizes: np.ndarray
+
+
+def _large_sends(task: ReshardTask) -> _LargeSends:
+    """Copies and network slices of ``task``, vectorised: senders in turn among the holders of
+    each source tile."""
+    dec = task.decomposition
+    n = len(dec)
+    src_t = dec.src_tile
+    by_tile = np.argsort(src_t, kind="stable")
+    first = np.searchsorted(src_t[by_tile], src_t[by_tile], side="left")
+    pos = np.empty(n, dtype=np.int64)
+    pos[by_tile] = np.arange(n) - first
+    n_holders = np.array([len(h) for h in dec.holders_of_tile], dtype=np.int64)
+    pick = pos % n_holders[src_t]
+    holders_of, receivers_of = dec.holders_of_tile, dec.receivers_of_tile
+    # per (source tile, destination tile) pair: receivers holding the slice, and the others
+    n_dst = max(len(receivers_of), 1)
+    pairs, inverse = np.unique(src_t * n_dst + dec.dst_tile, return_inverse=True)
+    local_of: list[tuple[int, ...]] = []
+    remote_of: list[tuple[int, ...]] = []
+    if set(task.src.mesh.devices).isdisjoint(task.dst.mesh.devices):  # nobody holds its own
+        remote_of = [receivers_of[pr] for pr in (pairs % n_dst).tolist()]
+        local_of = [()] * len(remote_of)
+    else:
+        for pr in pairs.tolist():
+            held = set(holders_of[pr // n_dst])
+            want = receivers_of[pr % n_dst]
+            local_of.append(tuple(r for r in want if r in held))
+            remote_of.append(tuple(r for r in want if r not in held))
+    flat_holders = np.fromiter(itertools.chain.from_iterable(holders_of), dtype=np.int64)
+    first_holder = np.concatenate(([0], np.cumsum(n_holders)[:-1]))
+    sender_of = flat_holders[first_holder[src_t] + pick].tolist()
+    boxes = dec.boxes()
+    inv = inverse.ravel().tolist()
+    copies: list[Op] = [
+        Copy(r, boxes[i]) for i, q in enumerate(inv) if local_of[q] for r in local_of[q]
+    ]
+    keep = [i for i, q in enumerate(inv) if remote_of[q]]
+    senders = [sender_of[i] for i in keep]
+    remotes = [remote_of[inv[i]] for i in keep]
+    return _LargeSends(copies, keep, senders, remotes, boxes, dec.sizes())
+
+
+def large_plan(task: ReshardTask, topology: Topology) -> tuple[Plan, float | None, Plan | None]:
+    """``"auto"``'s plan for large tasks: one broadcast per slice, senders in turn among the
+    holders of each source tile (vectorised), ordered in rank-disjoint rounds.
+
+    Returns the plan; its exact simulated time (:func:`_rounds_time`) when no NIC serves two
+    ranks, else None; and where NICs are shared, the same sends in the order of
+    :func:`_phased_sends` when that applies, else None."""
+    ls = _large_sends(task)
+    copies, keep, senders, remotes, boxes = ls.copies, ls.keep, ls.senders, ls.remotes, ls.boxes
+    ops: list[Op] = [
+        Send(a, rem[0], boxes[i]) if len(rem) == 1 else Broadcast(a, rem, boxes[i])
+        for i, a, rem in zip(keep, senders, remotes)
+    ]
+    slot = _rounds(senders, remotes)
+    order_a = np.lexsort((np.arange(len(ops)), -ls.sizes[keep] if keep else [], slot))
+    out = Plan(task, (*copies, *(ops[j] for j in order_a.tolist())), "broadcast", "auto",
+               topology)
+    if not unshared_nics(topology):
+        phased = _phased_sends(senders, remotes, [boxes[i] for i in keep], topology)
+        if phased is None:
+            return out, None, None
+        return out, None, Plan(task, (*copies, *phased), "broadcast", "auto", topology)
+    return out, _exact_time(task, topology, ls, ops, order_a, slot), None
+
+
+def _exact_time(
+    task: ReshardTask,
+    topology: Topology,
+    ls: _LargeSends,
+    ops: list[Op],
+    order_a: np.ndarray,
+    slot: np.ndarray,
+) -> float:
+    """:func:`_rounds_time` of the large plan (``ops`` in the order ``order_a``, rounds
+    ``slot``) on a topology where no NIC serves two ranks."""
+    senders, remotes, keep, sizes = ls.senders, ls.remotes, ls.keep, ls.sizes
+    order = order_a.tolist()
+    nets = Nets(topology)
+    itemsize = task.itemsize
+    copy_end: dict[int, float] = {}
+    for c in ls.copies:  # one rank each, zero latency, one after another
+        assert isinstance(c, Copy)
+        copy_end[c.rank] = copy_end.get(c.rank, 0.0) + box_size(c.box) * itemsize / nets.intra
+    counts = 1 + np.fromiter((len(r) for r in remotes), dtype=np.int64, count=len(remotes))
+    if len(ops) and int(counts.max()) == 2:  # sends only: vectorised
+        snd = np.array(senders, dtype=np.int64)[order_a]
+        rcv = np.array([r[0] for r in remotes], dtype=np.int64)[order_a]
+        top = int(max(snd.max(), rcv.max())) + 1
+        nic_of = np.zeros(top, dtype=np.int64)
+        host_of = np.zeros(top, dtype=np.int64)
+        for r in np.unique(np.concatenate((snd, rcv))).tolist():
+            nic_of[r], host_of[r] = nets.nic[r], nets.host_of[r]
+        out_bw, in_bw = np.array(nets.out_bw), np.array(nets.in_bw)
+        rate = np.where(
+            host_of[snd] == host_of[rcv],
+            nets.intra,
+            np.minimum(out_bw[nic_of[snd]], in_bw[nic_of[rcv]]),
+        )
+        flat = np.stack((snd, rcv), axis=1).ravel()
+    else:
+        rate = np.array([_op_rate(ops[j], topology, nets) for j in order])
+        flat = np.fromiter(
+            itertools.chain.from_iterable((senders[j], *remotes[j]) for j in order),
+            dtype=np.int64,
+        )
+    counts = counts[order_a] if len(ops) else counts
+    nbytes = sizes[np.asarray(keep, dtype=np.int64)[order_a]] * itemsize if keep else sizes[:0]
+    slots = slot[order_a] if keep else np.zeros(0, dtype=np.int64)
+    return _rounds_time(topology, copy_end, flat, counts, nbytes, rate, slots)

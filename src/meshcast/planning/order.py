@@ -1,0 +1,316 @@
+"""``balance="order"``: the paper's joint choice of senders and order (PAPER.md section 3).
+
+Randomised greedy rounds of host-disjoint transfers, senders drawn favouring lightly loaded
+hosts, best of :data:`~meshcast.planning.budgets.ORDER_TRIALS` seeded trials; for small
+instances a depth-first branch-and-bound search improves on the best trial. Cost model
+(:class:`_HostModel`): a transfer starts when its sender host and all its receiver hosts are
+free and occupies them for size / bandwidth. Pure: seeded, bounded by counts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core.boxes import Box, box_size
+from ..core.ops import AllGather, Broadcast, Copy, Op, Send
+from ..core.plan import Plan
+from ..core.task import ReshardTask, iter_slices
+from ..core.topology import Topology
+from ..core.units import GBIT
+from .budgets import ORDER_NODE_BUDGET, ORDER_TRIALS, SEARCH_MAX_JOBS, SEARCH_NODE_BUDGET, SEED
+from .fixed import allgather_groups
+
+__all__ = ["order_plan"]
+
+LOAD_NOISE = 0.5
+"""The greedy rounds draw a sender host by its load times a random factor in [1, 1.5): enough
+randomness that the seeded trials differ, while light hosts stay favoured. Set once; not
+derived."""
+IMPROVEMENT = 1e-9
+"""The search keeps an order only if it is faster than the best trial by this relative margin
+(a float tie is no improvement)."""
+
+
+class _Job(NamedTuple):
+    """A network transfer whose sender is still open: the holders it may come from."""
+
+    box: Box
+    nbytes: int
+    holders: tuple[int, ...]
+    receivers: tuple[int, ...]
+    gather: int  # index of the AllGather this part feeds, or -1
+
+
+def _skeleton(task: ReshardTask, topology: Topology, strategy: str):
+    """Copies, network jobs (sender still open), all-gathers fed by jobs, fallbacks."""
+    host_of = topology.hosts_by_rank
+    copies: list[Op] = []
+    jobs: list[_Job] = []
+    gathers: list[AllGather] = []
+    fallbacks: list[tuple[int, str]] = []
+    itemsize = task.itemsize
+    for sl in iter_slices(task):
+        copies.extend(Copy(r, sl.box) for r in sl.local)
+        if not sl.remote:
+            continue
+        if strategy == "broadcast":
+            jobs.append(_Job(sl.box, sl.nbytes, sl.holders, sl.remote, -1))
+        elif strategy == "send_recv":
+            jobs.extend(_Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in sl.remote)
+        else:
+            for group, parts in allgather_groups(sl.index, sl.box, sl.remote, host_of, fallbacks):
+                if parts is None:
+                    jobs.extend(_Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in group)
+                    continue
+                g = len(gathers)
+                gathers.append(AllGather(tuple(group), sl.box, parts))
+                jobs.extend(
+                    _Job(p, box_size(p) * itemsize, sl.holders, (r,), g)
+                    for r, p in zip(group, parts)
+                )
+    return copies, jobs, gathers, fallbacks
+
+
+def _job_op(job: _Job, sender: int) -> Op:
+    if len(job.receivers) == 1:
+        return Send(sender, job.receivers[0], job.box)
+    return Broadcast(sender, job.receivers, job.box)
+
+
+class _HostModel:
+    """The paper's cost model at host granularity (one NIC's bandwidth per host)."""
+
+    def __init__(self, topology: Topology, jobs: list[_Job]) -> None:
+        host_of = topology.hosts_by_rank
+        out_bw = [g * GBIT for g in topology.nic_out_gbps]
+        in_bw = [g * GBIT for g in topology.nic_in_gbps]
+        intra = topology.intra_gbps * GBIT
+        self.recv_hosts = [tuple(dict.fromkeys(host_of[r] for r in j.receivers)) for j in jobs]
+        self.cands = [tuple(dict.fromkeys(host_of[r] for r in j.holders)) for j in jobs]
+        self.dur: list[dict[int, float]] = []
+        self.local: list[int | None] = []  # the host that serves the job without its NIC
+        for j, rh, cands in zip(jobs, self.recv_hosts, self.cands):
+            d: dict[int, float] = {}
+            local = None
+            for h in cands:
+                others = [x for x in rh if x != h]
+                if not others:
+                    local = h
+                    d[h] = j.nbytes / intra
+                else:
+                    d[h] = j.nbytes / min(out_bw[h], *(in_bw[x] for x in others))
+            self.dur.append(d)
+            self.local.append(local)
+
+    def hosts(self, j: int, h: int) -> tuple[int, ...]:
+        rh = self.recv_hosts[j]
+        return rh if h in rh else (h, *rh)
+
+    def makespan(self, order: list[tuple[int, int]], num_hosts: int) -> float:
+        """List-schedule ``[(job, sender host), ...]`` in this order; return the makespan."""
+        free = [0.0] * num_hosts
+        end = 0.0
+        for j, h in order:
+            hs = self.hosts(j, h)
+            s = max(free[x] for x in hs)
+            e = s + self.dur[j][h]
+            for x in hs:
+                free[x] = e
+            end = max(end, e)
+        return end
+
+
+def _greedy_rounds(
+    model: _HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int
+) -> tuple[list[tuple[int, int]], int]:
+    """One randomised trial: rounds of host-disjoint transfers. Returns (order, nodes spent)."""
+    remaining = [net[i] for i in rng.permutation(len(net))]
+    load = [0.0] * num_hosts
+    order: list[tuple[int, int]] = []
+    nodes = 0
+    mean = (sum(min(model.dur[j].values()) for j in net) / len(net)) if net else 1.0
+    mean = mean or 1.0
+    while remaining:
+        busy: set[int] = set()
+        rest: list[int] = []
+        for pos, j in enumerate(remaining):
+            nodes += 1
+            if nodes > budget:  # out of budget: the rest in one pass, least-loaded sender
+                rest.extend(remaining[pos:])
+                for jj in rest:
+                    h = min(model.cands[jj], key=lambda x: (load[x], x))
+                    load[h] += model.dur[jj][h]
+                    order.append((jj, h))
+                return order, nodes
+            rh = model.recv_hosts[j]
+            if any(x in busy for x in rh):
+                rest.append(j)
+                continue
+            free = [h for h in model.cands[j] if h not in busy]
+            if not free:
+                rest.append(j)
+                continue
+            # favour light load: load scaled by a random factor in [1, 1 + LOAD_NOISE)
+            noise = rng.random(len(free))
+            h = free[int(np.argmin(
+                [load[x] / mean * (1 + LOAD_NOISE * u) for x, u in zip(free, noise)]
+            ))]
+            busy.update(model.hosts(j, h))
+            load[h] += model.dur[j][h]
+            order.append((j, h))
+        remaining = rest
+    return order, nodes
+
+
+def _branch_and_bound(
+    model: _HostModel, net: list[int], num_hosts: int, incumbent: float, budget: int
+) -> list[tuple[int, int]] | None:
+    """Depth-first branch and bound over (next transfer, sender); None if nothing better."""
+    free = [0.0] * num_hosts
+    must = [0.0] * num_hosts  # work every remaining job puts on its receiver hosts
+    for j in net:
+        for x in model.recv_hosts[j]:
+            must[x] += min(model.dur[j].values())
+    best: list = [incumbent * (1 - IMPROVEMENT), None]
+    chosen: list[tuple[int, int]] = []
+    nodes = 0
+    lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
+
+    def dfs(todo: list[int], makespan: float) -> None:
+        nonlocal nodes
+        if nodes >= budget:
+            return
+        nodes += 1
+        if not todo:
+            if makespan < best[0]:
+                best[0], best[1] = makespan, list(chosen)
+            return
+        bound = max(makespan, *(free[x] + must[x] for x in range(num_hosts)))
+        if bound >= best[0]:
+            return
+        for k, j in enumerate(todo):
+            mind = min(model.dur[j].values())
+            rest = todo[:k] + todo[k + 1 :]
+            for h in sorted(model.cands[j], key=lambda x: (free[x], x)):
+                hs = model.hosts(j, h)
+                start = max(free[x] for x in hs)
+                end = start + model.dur[j][h]
+                saved = [free[x] for x in hs]
+                for x in hs:
+                    free[x] = end
+                for x in model.recv_hosts[j]:
+                    must[x] -= mind
+                chosen.append((j, h))
+                dfs(rest, max(makespan, end))
+                chosen.pop()
+                for x in model.recv_hosts[j]:
+                    must[x] += mind
+                for x, v in zip(hs, saved):
+                    free[x] = v
+                if nodes >= budget:
+                    return
+
+    dfs(lpt, 0.0)
+    return best[1]
+
+
+def _least_loaded_holder_on_host(
+    holders: tuple[int, ...], host: int, host_of: dict[int, int], load: dict
+) -> int:
+    """The holder on ``host`` that has sent the fewest bytes so far (first listed on ties)."""
+    on_host = [r for r in holders if host_of[r] == host]
+    r = min(on_host, key=lambda x: (load.get(x, 0), on_host.index(x)))
+    return r
+
+
+def order_plan(
+    task: ReshardTask,
+    topology: Topology,
+    strategy: str,
+    *,
+    seed: int = SEED,
+    trials: int = ORDER_TRIALS,
+    node_budget: int = ORDER_NODE_BUDGET,
+    search_budget: int = SEARCH_NODE_BUDGET,
+) -> Plan:
+    """The paper's ``loadbalance_order``: senders and order chosen jointly (module doc).
+
+    ``seed``, ``trials``, ``node_budget`` and ``search_budget`` default to
+    :data:`~meshcast.planning.budgets.SEED`, :data:`~meshcast.planning.budgets.ORDER_TRIALS`,
+    :data:`~meshcast.planning.budgets.ORDER_NODE_BUDGET` and
+    :data:`~meshcast.planning.budgets.SEARCH_NODE_BUDGET`."""
+    copies, jobs, gathers, fallbacks = _skeleton(task, topology, strategy)
+    n_hosts = topology.num_hosts
+    model = _HostModel(topology, jobs)
+    net = [j for j in range(len(jobs)) if model.local[j] is None]
+    best, makespan = _best_of_trials(model, net, n_hosts, seed, trials, node_budget)
+    if 0 < len(net) <= SEARCH_MAX_JOBS:
+        found = _branch_and_bound(model, net, n_hosts, makespan, search_budget)
+        if found is not None:
+            best = found
+    ops = _ops_in_order(model, jobs, gathers, best, copies, topology)
+    return Plan(task, tuple(ops), strategy, "order", topology, tuple(fallbacks))
+
+
+def _best_of_trials(
+    model: _HostModel, net: list[int], n_hosts: int, seed: int, trials: int, node_budget: int
+) -> tuple[list[tuple[int, int]], float]:
+    """The best of the seeded greedy-round trials (by makespan, then host-load spread) within
+    ``node_budget`` job examinations over all trials, and its makespan."""
+    best: list[tuple[int, int]] | None = None
+    best_key = (math.inf, math.inf)
+    spent = 0
+    for trial in range(max(1, trials)):
+        if trial and spent >= node_budget:
+            break
+        rng = np.random.default_rng([seed, trial])
+        order, nodes = _greedy_rounds(model, net, n_hosts, rng, max(1, node_budget - spent))
+        spent += nodes
+        load = [0.0] * n_hosts
+        for j, h in order:
+            load[h] += model.dur[j][h]
+        key = (model.makespan(order, n_hosts), max(load) - min(load))
+        if key < best_key:
+            best, best_key = order, key
+    assert best is not None
+    return best, best_key[0]
+
+
+def _ops_in_order(
+    model: _HostModel,
+    jobs: list[_Job],
+    gathers: list[AllGather],
+    best: list[tuple[int, int]],
+    copies: list[Op],
+    topology: Topology,
+) -> list[Op]:
+    """The final order: copies, local jobs, then network jobs by their start in the host model;
+    each all-gather right after the last part it is fed by."""
+    n_hosts = topology.num_hosts
+    free = [0.0] * n_hosts
+    timed: list[tuple[float, int, int, int]] = []
+    for pos, (j, h) in enumerate(best):
+        hs = model.hosts(j, h)
+        s = max(free[x] for x in hs)
+        for x in hs:
+            free[x] = s + model.dur[j][h]
+        timed.append((s, pos, j, h))
+    timed.sort()
+    local = [j for j in range(len(jobs)) if model.local[j] is not None]
+    rank_load: dict[int, int] = {}
+    ops: list[Op] = list(copies)
+    sequence = [(j, model.local[j]) for j in local] + [(j, h) for _, _, j, h in timed]
+    left = [len(g.group) for g in gathers]
+    for j, h in sequence:
+        job = jobs[j]
+        r = _least_loaded_holder_on_host(job.holders, h, topology.hosts_by_rank, rank_load)
+        rank_load[r] = rank_load.get(r, 0) + job.nbytes
+        ops.append(_job_op(job, r))
+        if job.gather >= 0:
+            left[job.gather] -= 1
+            if not left[job.gather]:
+                ops.append(gathers[job.gather])
+    return ops
