@@ -81,7 +81,6 @@ STILL_LONG = {
     "meshcast.planning.balance.order_plan",
     "meshcast.planning.many.build_schedule",
     "meshcast.runtime.many.reshard_many",
-    "meshcast.runtime.nccl.run_nccl",
 }
 """Functions over :data:`MAX_FUNCTION_LINES` today."""
 

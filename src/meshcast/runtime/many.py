@@ -28,7 +28,7 @@ from .agree import agree
 from .board import Call, next_step
 from .detect import real_host_map
 from .execute import DEFAULT_TIMEOUT, finish_call, plan_digest, publish_refusal
-from .p2p import Failures, PeerFault, Transport
+from .p2p import Failures, Links, PeerFault
 from .tensors import as_carrier, check_local, empty_out, torch_dtype
 
 __all__ = ["ManyStats", "last_many_stats", "reshard_many"]
@@ -168,7 +168,7 @@ def reshard_many(
         for r, h in p.topology._host_of.items():
             host_of.setdefault(r, h)
     host_of = real_host_map(ranks, host_of)  # the byte counters count by the real hosts
-    transport = Transport(dist.group.WORLD, me, lambda r: r, host_of, float(timeout))
+    transport = Links(dist.group.WORLD, me, lambda r: r, host_of, float(timeout))
     failures = Failures(call, float(timeout))
     run = _Exchange(plans, schedule, me, tensors, dev, transport, failures)
     run.run()
@@ -215,7 +215,7 @@ class _Exchange:
     """This rank's part of a schedule on carrier tensors (runtime/tensors.py)."""
 
     def __init__(self, plans: list[Plan], schedule: Schedule, me: int, tensors: list,
-                 dev: torch.device, transport: Transport, failures: Failures) -> None:
+                 dev: torch.device, transport: Links, failures: Failures) -> None:
         self.schedule, self.me, self.dev = schedule, me, dev
         self.transport, self.failures = transport, failures
         self.src_boxes = [p.task.src_box(me) for p in plans]
