@@ -69,7 +69,6 @@ STILL_LONG = {
     "meshcast.cli.bench_resharding.run",
     "meshcast.cli.bench_weights.weights_worker",
     "meshcast.estimate.simulate._run",
-    "meshcast.interop.state_dict.reshard_state_dict",
     "meshcast.pipeline.runtime.__init__",
     "meshcast.pipeline.runtime._run",
     "meshcast.pipeline.runtime.train_step",
@@ -80,7 +79,6 @@ STILL_LONG = {
     "meshcast.planning.balance._phased_sends",
     "meshcast.planning.balance.order_plan",
     "meshcast.planning.many.build_schedule",
-    "meshcast.runtime.many.reshard_many",
 }
 """Functions over :data:`MAX_FUNCTION_LINES` today."""
 

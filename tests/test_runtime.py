@@ -204,6 +204,13 @@ def _job(rank: int) -> dict:
     # ... and the group still works afterwards
     local = None if box is None else _to_torch(_global(task)[box])
     report["after"] = _bytes(meshcast.reshard(local, p, timeout=30))
+    # one rank asks for another transport: refused by the agreement on every rank of the plan
+    try:
+        meshcast.reshard(local, p, timeout=30,
+                         transport="collectives" if rank == 3 else "p2p")
+        report["errors"]["transport"] = None
+    except ValueError as exc:
+        report["errors"]["transport"] = str(exc)
     torch.distributed.barrier()
     return report
 
@@ -317,3 +324,14 @@ def test_bad_local_on_one_rank_fails_everywhere(job: list[dict]) -> None:
     for rank in range(WORLD):
         want = expected[rank].tobytes() if rank in expected else None
         assert job[rank]["after"] == want
+
+
+@pytest.mark.timeout(900)
+def test_ranks_asking_for_different_transports_are_refused(job: list[dict]) -> None:
+    p = plan(_cases()[0][1], TOPOLOGY)
+    for rank in range(WORLD):
+        err = job[rank]["errors"]["transport"]
+        if rank not in p.ranks:
+            assert err is None
+        else:
+            assert "transport" in err and "collectives" in err and "p2p" in err, err

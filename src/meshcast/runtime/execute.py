@@ -29,6 +29,7 @@ __all__ = [
     "TRANSPORTS",
     "failure",
     "finish_call",
+    "pick_device",
     "plan_digest",
     "publish_refusal",
     "reshard",
@@ -81,7 +82,9 @@ def _bad_argument(
     return None
 
 
-def _pick_device(local: object, backend: str, device: object) -> torch.device:
+def pick_device(local: object, backend: str, device: object) -> torch.device:
+    """Where a call's results go: ``device`` if given, else ``local``'s device (a tensor), else
+    the current CUDA device on an NCCL ``backend``, else CPU."""
     if device is not None:
         return torch.device(device)
     if isinstance(local, torch.Tensor):
@@ -166,7 +169,7 @@ def _join(
     error = _bad_argument(timeout, chunk_bytes, max_inflight_bytes, transport)
     if error is None and chunk_bytes < task.itemsize:
         error = f"chunk_bytes={chunk_bytes} must be at least the element size {task.itemsize}"
-    dev = _pick_device(local, str(dist.get_backend(group)), device)
+    dev = pick_device(local, str(dist.get_backend(group)), device)
     how = transport if transport in TRANSPORTS else "collectives" if dev.type == "cuda" else "p2p"
     why = check_local(local, task.src_box(me), task, me, torch_dtype(task.dtype), dev)
     error = error or (None if why is None else f"local {why}")
