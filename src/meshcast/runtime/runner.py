@@ -5,8 +5,8 @@ each waits until the previous one completed), local copies, chunk buffers (a chu
 contiguous in its shard is packed into, or received into, a buffer counted against the memory
 budget), the reaper thread that completes posted messages in posting order, the writes later
 operations depend on, error handling per operation and the drain at the end. A transport
-(:class:`Moves`: p2p.py's tagged messages or collectives.py's native collectives) supplies only
-the moves of a Send, a Broadcast and an AllGather.
+(:class:`Moves`: transport_p2p.py's tagged messages, transport_collectives.py's collectives) only
+supplies the moves of a Send, a Broadcast and an AllGather.
 
 :meth:`Runner.run` never raises for a failed message: it records the fault (p2p.Failures), the
 transport goes on as its failure rules say, and the run returns once every message it posted has

@@ -120,7 +120,7 @@ class Collectives:
             else:
                 buf, extra, fin = runner.recv_buffer(chunk)
             work = sub.broadcast([as_bytes(buf)], opts)
-            runner.post(Pending([(None if sending else op.src, work)], what, op.ranks(), extra, fin,
+            runner.post(Pending([(None, work)], what, op.ranks(), extra, fin,
                                 None if sending else chunk))
 
     def allgather(self, runner: Runner, i: int, op: AllGather) -> None:
