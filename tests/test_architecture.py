@@ -62,13 +62,10 @@ STILL_LONG = {
     "meshcast.cli.bench_pipeline.run_cluster",
     "meshcast.cli.bench_resharding.run",
     "meshcast.cli.bench_weights.weights_worker",
-    "meshcast.interop.state_dict.reshard_state_dict",
     "meshcast.pipeline.runtime.__init__",
     "meshcast.pipeline.runtime._run",
     "meshcast.pipeline.runtime.train_step",
     "meshcast.pipeline.simulator.simulate_pipeline",
-    "meshcast.runtime.many.reshard_many",
-    "meshcast.runtime.nccl.run_nccl",
 }
 """Functions over :data:`MAX_FUNCTION_LINES` today."""
 

@@ -167,6 +167,18 @@ def _job(rank: int) -> dict:
     first = _bytes(meshcast.reshard(local, p))
     report["groups"] = (first == _bytes(meshcast.reshard(local, p)), len(group_cache))
 
+    # the collectives transport (the GPU design) on gloo: native broadcast / all-gather on
+    # sub-groups, batched sends; tiny chunks and budget exercise chunking and the budget
+    report["collectives"] = {}
+    for strategy in STRATEGIES:
+        for name, task, noncontig in _cases():
+            p = _plan(task, topology, strategy)
+            box = task.src_box(rank)
+            local = None if box is None else _to_torch(_global(task)[box], noncontig)
+            out = meshcast.reshard(local, p, chunk_bytes=96, max_inflight_bytes=512, timeout=60,
+                                   transport="collectives")
+            report["collectives"][strategy, name] = _bytes(out)
+
     # bytes across hosts, counted by the runtime as it sends
     for name, task in _byte_count_tasks():
         for strategy in ("send_recv", "broadcast"):
@@ -192,6 +204,13 @@ def _job(rank: int) -> dict:
     # ... and the group still works afterwards
     local = None if box is None else _to_torch(_global(task)[box])
     report["after"] = _bytes(meshcast.reshard(local, p, timeout=30))
+    # one rank asks for another transport: refused by the agreement on every rank of the plan
+    try:
+        meshcast.reshard(local, p, timeout=30,
+                         transport="collectives" if rank == 3 else "p2p")
+        report["errors"]["transport"] = None
+    except ValueError as exc:
+        report["errors"]["transport"] = str(exc)
     torch.distributed.barrier()
     return report
 
@@ -219,16 +238,17 @@ def _byte_count_tasks() -> list[tuple[str, ReshardTask]]:
 
 @pytest.fixture(scope="module")
 def job() -> list[dict]:
-    return meshcast.launch(_job, WORLD, hosts=TOPOLOGY, timeout=180)
+    return meshcast.launch(_job, WORLD, hosts=TOPOLOGY, timeout=600)
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("budget", ["default", "small"])
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("budget", ["default", "small", "collectives"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_case_is_byte_exact(job: list[dict], strategy: str, budget: str) -> None:
     # small: max_inflight_bytes=512 with 96-byte chunks (packing buffers wait for memory),
-    # operations posted concurrently (ordered=False); default: ordered, the default budget
-    key = "results" if budget == "default" else "small"
+    # operations posted concurrently (ordered=False); default: ordered, the default budget;
+    # collectives: transport="collectives" with the small budget
+    key = {"default": "results", "small": "small", "collectives": "collectives"}[budget]
     cases = _cases()
     assert len(cases) >= 12
     for name, task, _ in cases:
@@ -242,12 +262,18 @@ def test_every_case_is_byte_exact(job: list[dict], strategy: str, budget: str) -
                 assert got is None, f"{strategy} {name}: rank {rank} is outside yet got data"
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_gloo_path_creates_no_process_groups(job: list[dict]) -> None:
     # ranks outside a plan never take part in anything: gloo runs on the caller's group
     for rank in range(WORLD):
         same, groups = job[rank]["groups"]
         assert same and groups == 0
+
+
+def test_an_unknown_transport_is_refused() -> None:
+    task = _cases()[0][1]
+    with pytest.raises(ValueError, match=r"transport must be one of 'p2p', 'collectives'.*'nccl'"):
+        meshcast.reshard(None, plan(task, TOPOLOGY), transport="nccl")
 
 
 def _cross_host_expected(p) -> int:
@@ -262,7 +288,7 @@ def _cross_host_expected(p) -> int:
     return total
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_broadcast_enters_each_host_once(job: list[dict]) -> None:
     for name, task in _byte_count_tasks():
         counted = {
@@ -282,7 +308,7 @@ def test_broadcast_enters_each_host_once(job: list[dict]) -> None:
         assert counted["send_recv"] == 4 * counted["broadcast"]  # 4 receivers on each host
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_bad_local_on_one_rank_fails_everywhere(job: list[dict]) -> None:
     task = _cases()[0][1]
     p = plan(task, TOPOLOGY)
@@ -298,3 +324,14 @@ def test_bad_local_on_one_rank_fails_everywhere(job: list[dict]) -> None:
     for rank in range(WORLD):
         want = expected[rank].tobytes() if rank in expected else None
         assert job[rank]["after"] == want
+
+
+@pytest.mark.timeout(900)
+def test_ranks_asking_for_different_transports_are_refused(job: list[dict]) -> None:
+    p = plan(_cases()[0][1], TOPOLOGY)
+    for rank in range(WORLD):
+        err = job[rank]["errors"]["transport"]
+        if rank not in p.ranks:
+            assert err is None
+        else:
+            assert "transport" in err and "collectives" in err and "p2p" in err, err

@@ -36,7 +36,7 @@ def _fail_at(count: int, how: str) -> None:
     """Make this process die or stop when it is about to post its ``count``-th message."""
     from meshcast.runtime import p2p
 
-    original = p2p.Transport.isend
+    original = p2p.Links.isend
     posted = [0]
 
     def isend(self, *args, **kwargs):
@@ -47,7 +47,7 @@ def _fail_at(count: int, how: str) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
         return original(self, *args, **kwargs)
 
-    p2p.Transport.isend = isend
+    p2p.Links.isend = isend
 
 
 def _attempt(rank: int, out_dir: str, fn, after=None) -> None:

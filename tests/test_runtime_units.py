@@ -213,3 +213,40 @@ def test_diagnosis_names_a_rank_that_raised() -> None:
     assert d.first == (3,)
     assert d.text == ("rank 3 failed first: it raised MemoryError: out of memory in op 2 "
                       "(send 3->4), 0.50 s into its call")
+
+
+def test_runtime_caches_are_bounded_listed_and_cleared(tmp_path) -> None:
+    # the sub-groups, the detected topology and the last reshard_many counters are BoundedCaches;
+    # a detected topology is not answered again once its default group is destroyed
+    import os
+
+    import torch.distributed as dist
+
+    import meshcast
+    from meshcast.runtime import detect_topology, last_many_stats
+    from meshcast.runtime.many import ManyStats
+
+    info = meshcast.cache_info()
+    for name in ("runtime.groups", "runtime.detected_topology", "runtime.last_many_stats"):
+        assert name in info and info[name].maxsize >= 1
+    assert last_many_stats() == ManyStats()
+    old = os.environ.get("MESHCAST_HOST")
+    try:
+        seen = []
+        for k, label in enumerate(("host-a", "host-b")):
+            os.environ["MESHCAST_HOST"] = label
+            store = dist.FileStore(str(tmp_path / f"store{k}"), 1)
+            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+            try:
+                seen.append(detect_topology())
+                assert detect_topology() is seen[-1]  # kept for this default group
+            finally:
+                dist.destroy_process_group()
+        assert seen[0] is not seen[1]  # gathered again on the new default group
+    finally:
+        if old is None:
+            os.environ.pop("MESHCAST_HOST", None)
+        else:
+            os.environ["MESHCAST_HOST"] = old
+    meshcast.clear_caches(["runtime.detected_topology"])
+    assert meshcast.cache_info()["runtime.detected_topology"].size == 0

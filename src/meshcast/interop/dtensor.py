@@ -34,9 +34,11 @@ from ..planning.many import plan_many
 from .dtensor_spec import layout_from_spec, placement_kind
 
 __all__ = [
+    "as_dtensor",
     "dtensor_task",
     "layout_from_dtensor",
     "layout_from_placements",
+    "local_source",
     "reshard_dtensor",
     "resolve_topology",
 ]
@@ -55,7 +57,7 @@ def _source_spec(dt: DTensor) -> tuple[tuple[Any, ...], Any]:
     """``dt``'s placements with Partial read as Replicate, and its shard order (None: default).
 
     A Partial source is reduced by ``redistribute`` to a spec in the default order (see
-    :func:`_local_source`), so its order is the default one."""
+    :func:`local_source`), so its order is the default one."""
     placements = tuple(dt.placements)
     if any(placement_kind(p) == "partial" for p in placements):
         return tuple(Replicate() if placement_kind(p) == "partial" else p
@@ -89,7 +91,7 @@ def dtensor_task(dt: DTensor, device_mesh: DeviceMesh, placements: Sequence[Any]
     return ReshardTask(tuple(dt.shape), dt.dtype, src, dst)
 
 
-def resolve_topology(topology: Topology | None, tasks: Sequence[ReshardTask]) -> Topology | None:
+def resolve_topology(topology: Topology | None) -> Topology | None:
     """``topology`` if given; else the job's topology read from its environment without a
     collective (:func:`meshcast.job_topology`); else None (the planner's default, which reads
     the same environment)."""
@@ -98,8 +100,9 @@ def resolve_topology(topology: Topology | None, tasks: Sequence[ReshardTask]) ->
     return job_topology()
 
 
-def _local_source(dt: DTensor, me: int) -> torch.Tensor | None:
-    """This rank's source shard, with Partial mesh axes reduced; None off the source mesh."""
+def local_source(dt: DTensor) -> torch.Tensor | None:
+    """This rank's source shard of ``dt``, with Partial mesh axes reduced (a collective on the
+    source mesh: every rank of it must call); None off the source mesh."""
     if dt.device_mesh.get_coordinate() is None:
         return None
     if any(placement_kind(p) == "partial" for p in dt.placements):
@@ -108,9 +111,11 @@ def _local_source(dt: DTensor, me: int) -> torch.Tensor | None:
     return dt.to_local()
 
 
-def _wrap(
+def as_dtensor(
     out: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Any], task: ReshardTask
 ) -> DTensor:
+    """``out``, this rank's destination shard of ``task``, as the DTensor with ``placements`` on
+    ``device_mesh`` (the global shape and contiguous strides of ``task``; no check)."""
     shape = torch.Size(task.shape)
     stride = []
     acc = 1
@@ -158,7 +163,7 @@ def reshard_dtensor(
     if plan is None:
         if not (in_src or in_dst):
             return None
-        topo = resolve_topology(topology, [task])
+        topo = resolve_topology(topology)
         if balance is None and strategy is None:
             balance = "auto"
         (plan,) = plan_many([task], topo, strategy=strategy, balance=balance)
@@ -168,7 +173,7 @@ def reshard_dtensor(
         )
     if not (in_src or in_dst):
         return None
-    local = _local_source(dt, me)
+    local = local_source(dt)
     device = torch.device(device_mesh.device_type) if device_mesh.device_type == "cpu" else None
     (out,) = reshard_many(
         [local],
@@ -181,4 +186,4 @@ def reshard_dtensor(
     if not in_dst:
         return None
     assert out is not None
-    return _wrap(out, device_mesh, placements, task)
+    return as_dtensor(out, device_mesh, placements, task)

@@ -21,12 +21,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..planning.many import DEFAULT_BUCKET_BYTES, plan_many
-from ..runtime.many import reshard_many
+from ..runtime.many import run_many
 
 __all__ = ["reshard_state_dict"]
 
@@ -58,7 +57,7 @@ def reshard_state_dict(
     bounds each rank's staging memory (:func:`meshcast.reshard_many`).
     """
     from ..runtime.execute import DEFAULT_TIMEOUT
-    from .dtensor import _local_source, _wrap, dtensor_task, resolve_topology
+    from .dtensor import as_dtensor, resolve_topology
 
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping of names to tensors, got "
@@ -66,41 +65,42 @@ def reshard_state_dict(
     if not isinstance(layouts, Mapping):
         raise TypeError(f"layouts must be a mapping of names to layouts, got "
                         f"{type(layouts).__name__}")
-    me = dist.get_rank()
     names = list(layouts)
-    errors: list[str] = []
-    for name in state_dict:
-        if name not in layouts:
-            errors.append(
-                f"state_dict[{name!r}] has no entry in layouts: declare its layout (every name "
-                f"must be declared, in the same order on every rank)"
-            )
+    errors = [
+        f"state_dict[{name!r}] has no entry in layouts: declare its layout (every name must be "
+        f"declared, in the same order on every rank)"
+        for name in state_dict if name not in layouts
+    ]
     dtensor_form = any(_is_dtensor(v) for v in state_dict.values())
+    tasks, locals_ = _entries(state_dict, layouts, dtensor_form)
+    plans = plan_many(tasks, resolve_topology(topology), strategy=strategy, balance=balance)
+    outs = run_many(
+        locals_,
+        plans,
+        bucket_bytes=bucket_bytes,
+        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+        names=[f"state_dict[{n!r}]" for n in names],
+        errors=errors,
+    )
+    result: dict[str, Any] = {}
+    for k, name in enumerate(names):
+        if outs[k] is not None:
+            result[name] = (as_dtensor(outs[k], *layouts[name], tasks[k]) if dtensor_form
+                            else outs[k])
+    return result
+
+
+def _entries(
+    state_dict: Mapping[str, Any], layouts: Mapping[str, Any], dtensor_form: bool
+) -> tuple[list[ReshardTask], list[torch.Tensor | None]]:
+    """The task and this rank's source shard of every name of ``layouts``, in order."""
+    from .dtensor import dtensor_task, local_source
+
     tasks: list[ReshardTask] = []
     locals_: list[torch.Tensor | None] = []
-    targets: list[tuple[Any, Any]] = []
-    for name in names:
-        spec = layouts[name]
+    for name, spec in layouts.items():
         value = state_dict.get(name)
-        if dtensor_form:
-            if not _is_dtensor(value):
-                raise TypeError(
-                    f"state_dict[{name!r}] must be a DTensor like the other entries (every rank "
-                    f"holds every DTensor in SPMD), got {type(value).__name__}"
-                )
-            if not (isinstance(spec, tuple) and len(spec) == 2):
-                raise TypeError(
-                    f"layouts[{name!r}] must be (device_mesh, placements) for a DTensor, got "
-                    f"{spec!r}"
-                )
-            try:
-                task = dtensor_task(value, spec[0], spec[1])
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"layouts[{name!r}]: {exc}") from None
-            tasks.append(task)
-            targets.append(spec)
-            locals_.append(_local_source(value, me))
-        else:
+        if not dtensor_form:
             if not isinstance(spec, ReshardTask):
                 raise TypeError(
                     f"layouts[{name!r}] must be a meshcast.ReshardTask (shape, dtype, source and "
@@ -108,22 +108,19 @@ def reshard_state_dict(
                 )
             tasks.append(spec)
             locals_.append(value)
-    topo = resolve_topology(topology, tasks)
-    plans = plan_many(tasks, topo, strategy=strategy, balance=balance)
-    outs = reshard_many(
-        locals_,
-        plans,
-        bucket_bytes=bucket_bytes,
-        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
-        names=[f"state_dict[{n!r}]" for n in names],
-        _errors=errors,
-    )
-    result: dict[str, Any] = {}
-    for k, name in enumerate(names):
-        if outs[k] is None:
             continue
-        if dtensor_form:
-            result[name] = _wrap(outs[k], targets[k][0], targets[k][1], tasks[k])
-        else:
-            result[name] = outs[k]
-    return result
+        if not _is_dtensor(value):
+            raise TypeError(
+                f"state_dict[{name!r}] must be a DTensor like the other entries (every rank "
+                f"holds every DTensor in SPMD), got {type(value).__name__}"
+            )
+        if not (isinstance(spec, tuple) and len(spec) == 2):
+            raise TypeError(
+                f"layouts[{name!r}] must be (device_mesh, placements) for a DTensor, got {spec!r}"
+            )
+        try:
+            tasks.append(dtensor_task(value, spec[0], spec[1]))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"layouts[{name!r}]: {exc}") from None
+        locals_.append(local_source(value))
+    return tasks, locals_

@@ -1,6 +1,8 @@
 """The runtime: run plans on ``torch.distributed`` (imports torch; the planning core does not).
 
-- :func:`reshard` runs a plan on every rank it involves (execute.py);
+- :func:`reshard` runs a plan on every rank it involves (execute.py): one executor (runner.py)
+  walks a rank's operations, a transport moves the bytes (``transport="p2p"``,
+  transport_p2p.py, or ``"collectives"``, transport_collectives.py);
 - :func:`reshard_many` runs many plans in bounded buckets of packed messages (many.py);
 - :func:`launch` starts local processes with a gloo group for examples and tests (launch.py);
 - :func:`detect_topology` reads which host each rank is on (detect.py);

@@ -45,6 +45,11 @@ class Fault:
     def describe(self) -> str:
         """What this rank saw, in words."""
         where = f"{self.what}, {self.at:.2f} s into its call"
+        if self.peer is None and self.kind in ("closed", "timeout", "waiting"):  # a collective
+            seen = {"closed": "lost a connection of", "timeout": "timed out in",
+                    "waiting": "was still waiting in"}[self.kind]
+            return f"rank {self.rank} {seen} a collective (which member failed is unknown) in " \
+                   f"{where}"
         if self.kind == "closed":
             return f"rank {self.rank} lost its connection with rank {self.peer} in {where}"
         if self.kind == "timeout":

@@ -23,7 +23,7 @@ import torch
 from ..core.layout import Box, box_size
 from ..core.plan import Broadcast
 from .chunks import chunk_boxes, relative
-from .p2p import Budget, Failures, PeerFault, Pending, Transport
+from .p2p import Budget, Failures, Links, PeerFault, Pending
 
 __all__ = ["Relay", "chain_role"]
 
@@ -60,7 +60,7 @@ class Relay:
     one chunk's buffer even over the limit. So it depends only on its feeder and its targets,
     which keeps small budgets deadlock-free (docs/runtime.md, "small budget")."""
 
-    transport: Transport
+    links: Links
     budget: Budget
     failures: Failures
     out: torch.Tensor
@@ -93,7 +93,7 @@ class Relay:
                 _, _, _, work, extra = self.receiving.popleft()
                 if work is not None:
                     try:
-                        self.transport.wait(work, self.feeder, self.what)
+                        self.links.wait(work, self.feeder, self.what)
                     except PeerFault as fault:
                         self.failures.peer(fault)
                 self.budget.release(extra)
@@ -114,7 +114,7 @@ class Relay:
             if work is not None:
                 self.waiting = (self.feeder, what)
                 try:
-                    self.transport.wait(work, self.feeder, what)
+                    self.links.wait(work, self.feeder, what)
                     if buf is not view and extra:
                         view.copy_(buf)
                 except PeerFault as fault:
@@ -145,7 +145,7 @@ class Relay:
         if not self.failures.closed(self.feeder):
             what = f"{self.what}: chunk {k + 1}/{len(self.chunks)} from {self.feeder}"
             try:
-                work = self.transport.irecv(buf, self.feeder, self.index, what)
+                work = self.links.irecv(buf, self.feeder, self.index, what)
             except PeerFault as fault:
                 self.failures.peer(fault)
         self.receiving.append((k, view, buf, work, extra))
@@ -164,9 +164,9 @@ class Relay:
             what = f"{self.what}: forwarding chunk {k + 1} to {t}"
             try:
                 if self.failures.degraded.is_set():
-                    sends.append((t, self.transport.stub(t, self.index, what)))
+                    sends.append((t, self.links.stub(t, self.index, what)))
                 else:
-                    sends.append((t, self.transport.isend(buf, t, self.index, what)))
+                    sends.append((t, self.links.isend(buf, t, self.index, what)))
             except PeerFault as fault:
                 self.failures.peer(fault)
         return sends
@@ -177,7 +177,7 @@ class Relay:
             what = f"{self.what}: forwarding chunk {k + 1} to {t}"
             self.waiting = (t, what)
             try:
-                self.transport.wait(w, t, what)
+                self.links.wait(w, t, what)
             except PeerFault as fault:
                 self.failures.peer(fault)
         self.budget.release(extra)

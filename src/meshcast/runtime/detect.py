@@ -8,17 +8,19 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch.distributed as dist
 
+from ..core.cache import BoundedCache
 from ..core.job import TOPOLOGY_ENV, read_job_hosts, with_link_rates
 from ..core.topology import Topology
 from .stats import set_hosts_source
 
 __all__ = ["TOPOLOGY_ENV", "detect_topology", "real_host_map"]
 
-_cache: dict[object, Topology] = {}
+_detected: BoundedCache[tuple, tuple[object, Topology]] = BoundedCache(
+    "runtime.detected_topology", 8,
+    "detect_topology() by link-rate arguments, with the default group it was gathered on")
 
 
 def detect_topology(
-    group: dist.ProcessGroup | None = None,
     *,
     nic_gbps: float | None = None,
     intra_gbps: float | None = None,
@@ -31,17 +33,18 @@ def detect_topology(
     ``GROUP_WORLD_SIZE`` when every node runs the same number of ranks, one host when
     ``LOCAL_WORLD_SIZE == WORLD_SIZE``); otherwise each rank's ``$MESHCAST_HOST`` label
     (emulated clusters) or hostname, gathered once with ``all_gather_object`` on the default
-    group (a collective: then every rank must call). ``group`` is accepted for compatibility and
-    ignored: ranks are always global.
+    group (a collective: then every rank must call). Ranks are always global. The answer is
+    kept per default group (a new ``init_process_group`` gathers again).
 
     Link rates: ``nic_gbps`` (per NIC and direction), ``intra_gbps`` and ``nics_per_host``; when
     not given, ``$MESHCAST_NIC_GBPS``, ``$MESHCAST_INTRA_GBPS``, ``$MESHCAST_NICS_PER_HOST``;
     else 10 Gbit/s NICs, one per host, and 800 Gbit/s inside a host.
     """
     rates = {"nic_gbps": nic_gbps, "intra_gbps": intra_gbps, "nics_per_host": nics_per_host}
-    key = (dist.group.WORLD, nic_gbps, intra_gbps, nics_per_host)
-    if key in _cache:
-        return _cache[key]
+    key = (nic_gbps, intra_gbps, nics_per_host)
+    hit = _detected.get(key)
+    if hit is not None and hit[0] is dist.group.WORLD:  # not from a destroyed default group
+        return hit[1]
     world = dist.get_world_size()
     found = read_job_hosts(**rates)
     topology = found.topology
@@ -51,7 +54,7 @@ def detect_topology(
         hosts = Topology.from_host_map(dict(enumerate(names)), name="detected host names")
         topology = with_link_rates(hosts, **rates)
     topology.covers(range(world))
-    _cache[key] = topology
+    _detected.put(key, (dist.group.WORLD, topology))
     return topology
 
 
@@ -67,7 +70,7 @@ def real_host_map(
     source = found.source
     if real is None:
         world = dist.group.WORLD
-        real = next((t for k, t in _cache.items() if k[0] is world), None)
+        real = next((t for w, t in _detected.values() if w is world), None)
         source = "meshcast.detect_topology()"
     if real is not None and all(to_global(r) in real._host_of for r in ranks):
         set_hosts_source(source)

@@ -16,16 +16,20 @@ from .blame import diagnose
 from .board import Call, next_step
 from .detect import real_host_map
 from .errors import ReshardError
-from .p2p import Failures, Transport
+from .p2p import Failures, Links
 from .runner import Runner
 from .tensors import as_carrier, check_local, empty_out, torch_dtype
+from .transport_collectives import Collectives
+from .transport_p2p import PointToPoint
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_TIMEOUT",
+    "TRANSPORTS",
     "failure",
     "finish_call",
+    "pick_device",
     "plan_digest",
     "publish_refusal",
     "reshard",
@@ -37,6 +41,10 @@ DEFAULT_MAX_INFLIGHT_BYTES = 64 << 20
 """Pack/unpack buffer bytes a rank may have in flight."""
 DEFAULT_TIMEOUT = 300.0
 """Seconds any single wait may take before the runtime raises."""
+TRANSPORTS = ("p2p", "collectives")
+"""What ``transport=`` takes: tagged point-to-point messages (transport_p2p.py; the default for
+CPU tensors) or native collectives on cached sub-groups (transport_collectives.py; the default
+for CUDA tensors, and it runs on gloo with CPU tensors too)."""
 
 _digests: dict[int, tuple[weakref.ref, str]] = {}
 _digest_lock = threading.Lock()
@@ -56,7 +64,12 @@ def plan_digest(plan: Plan) -> str:
     return digest
 
 
-def _bad_argument(timeout: object, chunk_bytes: object, max_inflight_bytes: object) -> str | None:
+def _bad_argument(
+    timeout: object, chunk_bytes: object, max_inflight_bytes: object, transport: object = None
+) -> str | None:
+    if transport is not None and transport not in TRANSPORTS:
+        return (f"transport must be one of {', '.join(map(repr, TRANSPORTS))} (or None: "
+                f"'collectives' for CUDA tensors, else 'p2p'), got {transport!r}")
     for argument, value in (
         ("timeout", timeout),
         ("chunk_bytes", chunk_bytes),
@@ -69,7 +82,9 @@ def _bad_argument(timeout: object, chunk_bytes: object, max_inflight_bytes: obje
     return None
 
 
-def _pick_device(local: object, backend: str, device: object) -> torch.device:
+def pick_device(local: object, backend: str, device: object) -> torch.device:
+    """Where a call's results go: ``device`` if given, else ``local``'s device (a tensor), else
+    the current CUDA device on an NCCL ``backend``, else CPU."""
     if device is not None:
         return torch.device(device)
     if isinstance(local, torch.Tensor):
@@ -89,6 +104,7 @@ def reshard(
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     device: torch.device | str | None = None,
     ordered: bool = True,
+    transport: str | None = None,
     _abort: Callable[[], str | None] | None = None,
 ) -> torch.Tensor | None:
     """Run ``plan`` and return this rank's destination shard (None if it holds none).
@@ -112,13 +128,15 @@ def reshard(
     after another in plan order, so an operation starts when all its ranks are free: the model of
     :func:`meshcast.simulate`, which the planner optimises for. ``ordered=False`` posts all of a
     rank's operations at once and lets them share the links (the plan's order is then only the
-    posting order). (``_abort``, for meshcast's own pipeline runtime: a probe that returns why
-    the caller gave up, or None; while the ranks agree, a reason calls the call off on all.)
+    posting order). ``transport`` (:data:`TRANSPORTS`, docs/runtime.md): ``"p2p"`` or
+    ``"collectives"``; default ``"collectives"`` for CUDA tensors, else ``"p2p"``. (``_abort``,
+    for meshcast's own pipeline runtime: a probe that returns why the caller gave up, or None;
+    while the ranks agree, a reason calls the call off on all.)
     """
     try:
         inside = _validate(local, plan, group)
         if not inside:
-            bad = _bad_argument(timeout, chunk_bytes, max_inflight_bytes)
+            bad = _bad_argument(timeout, chunk_bytes, max_inflight_bytes, transport)
             if bad is not None:  # nobody waits for this rank
                 raise ValueError(bad)
     except (TypeError, ValueError) as exc:
@@ -132,25 +150,27 @@ def reshard(
     if not inside:
         next_step(group if group is not None else dist.group.WORLD)
         return None
-    call, dev = _join(local, plan, group, timeout, chunk_bytes, max_inflight_bytes, device,
-                      _abort)
-    return _transfer(call, local, plan, dev, timeout, chunk_bytes, max_inflight_bytes, ordered)
+    call, dev, how = _join(local, plan, group, timeout, chunk_bytes, max_inflight_bytes, device,
+                           transport, _abort)
+    return _transfer(call, local, plan, dev, timeout, chunk_bytes, max_inflight_bytes, ordered,
+                     how)
 
 
 def _join(
     local: torch.Tensor | None, plan: Plan, group: dist.ProcessGroup | None, timeout: float,
-    chunk_bytes: int, max_inflight_bytes: int, device: object,
+    chunk_bytes: int, max_inflight_bytes: int, device: object, transport: str | None,
     abort: Callable[[], str | None] | None,
-) -> tuple[Call, torch.device]:
+) -> tuple[Call, torch.device, str]:
     """Check this rank's inputs and agree with the plan's ranks (raises on every rank if any
-    rank cannot go ahead); the call and the result's device."""
+    rank cannot go ahead); the call, the result's device and the transport."""
     task = plan.task
     me = dist.get_rank(group)
     # what this rank cannot use is an error of the agreement, so that every rank refuses it
-    error = _bad_argument(timeout, chunk_bytes, max_inflight_bytes)
+    error = _bad_argument(timeout, chunk_bytes, max_inflight_bytes, transport)
     if error is None and chunk_bytes < task.itemsize:
         error = f"chunk_bytes={chunk_bytes} must be at least the element size {task.itemsize}"
-    dev = _pick_device(local, str(dist.get_backend(group)), device)
+    dev = pick_device(local, str(dist.get_backend(group)), device)
+    how = transport if transport in TRANSPORTS else "collectives" if dev.type == "cuda" else "p2p"
     why = check_local(local, task.src_box(me), task, me, torch_dtype(task.dtype), dev)
     error = error or (None if why is None else f"local {why}")
     wait = float(timeout) if error is None else DEFAULT_TIMEOUT
@@ -158,14 +178,14 @@ def _join(
     call = Call(p2p_group, plan.ranks, me, "meshcast.reshard", wait, plan_digest(plan))
     agree(call, {
         "plan": plan_digest(plan), "what": task.describe(), "error": error,
-        "options": {"chunk_bytes": chunk_bytes, "path": "nccl" if dev.type == "cuda" else "gloo"},
+        "options": {"chunk_bytes": chunk_bytes, "transport": how},
     }, abort)
-    return call, dev
+    return call, dev, how
 
 
 def _transfer(
     call: Call, local: torch.Tensor | None, plan: Plan, dev: torch.device, timeout: float,
-    chunk_bytes: int, max_inflight_bytes: int, ordered: bool,
+    chunk_bytes: int, max_inflight_bytes: int, ordered: bool, transport: str,
 ) -> torch.Tensor | None:
     """Move the data of an agreed call; this rank's destination shard."""
     task, me, group = plan.task, call.me, call.group
@@ -177,19 +197,11 @@ def _transfer(
     src = None if local is None else as_carrier(local)
     out = None if dst_box is None else empty_out(dst_box, task.itemsize, dev)
     failures = Failures(call, float(timeout))
-    if dev.type == "cuda":
-        from .nccl import run_nccl
-
-        try:
-            run_nccl(plan, me, src, out, group, to_global, timeout, chunk_bytes,
-                     max_inflight_bytes)
-        except Exception as exc:
-            failures.error("the NCCL transfers", exc)
-    else:
-        hosts = real_host_map(plan.ranks, plan.topology._host_of, to_global)  # counters: real hosts
-        transport = Transport(group, me, to_global, hosts, float(timeout))
-        Runner(plan, me, src, out, transport, failures, chunk_bytes, max_inflight_bytes,
-               ordered).run()
+    hosts = real_host_map(plan.ranks, plan.topology._host_of, to_global)  # counters: real hosts
+    links = Links(group, me, to_global, hosts, float(timeout))
+    moves = PointToPoint() if transport == "p2p" else Collectives(group, to_global)
+    Runner(plan, me, src, out, links, moves, failures, chunk_bytes, max_inflight_bytes,
+           ordered).run()
     finish_call(call, failures)
     return None if out is None else out.view(torch_dtype(task.dtype))
 

@@ -21,17 +21,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..core.cache import BoundedCache
 from ..core.layout import Box
 from ..core.plan import Plan
 from ..planning.many import DEFAULT_BUCKET_BYTES, Schedule, Segment, build_schedule
 from .agree import agree
 from .board import Call, next_step
 from .detect import real_host_map
-from .execute import DEFAULT_TIMEOUT, finish_call, plan_digest, publish_refusal
-from .p2p import Failures, PeerFault, Transport
+from .execute import DEFAULT_TIMEOUT, finish_call, pick_device, plan_digest, publish_refusal
+from .p2p import Failures, Links, PeerFault
 from .tensors import as_carrier, check_local, empty_out, torch_dtype
 
-__all__ = ["ManyStats", "last_many_stats", "reshard_many"]
+__all__ = ["ManyStats", "last_many_stats", "reshard_many", "run_many"]
 
 _ALIGN = 16
 _TAG_BASE = 1 << 20  # away from the small tags meshcast.reshard uses (its op indices)
@@ -51,12 +52,14 @@ class ManyStats:
     per_bucket_staging: list[int] = field(default_factory=list)
 
 
-_last = ManyStats()
+_last: BoundedCache[str, ManyStats] = BoundedCache(
+    "runtime.last_many_stats", 1, "the counters of this process's last reshard_many call")
 
 
 def last_many_stats() -> ManyStats:
-    """Counters of this process's last :func:`reshard_many` call."""
-    return _last
+    """Counters of this process's last :func:`reshard_many` call (empty ones before any, or
+    after :func:`meshcast.clear_caches`)."""
+    return _last.get("last") or ManyStats()
 
 
 def _rel(box: Box, shard_box: Box) -> tuple[slice, ...]:
@@ -98,14 +101,8 @@ def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: 
 
 
 def _device(tensors: list, device: torch.device | str | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    dev = next((t.device for t in tensors if isinstance(t, torch.Tensor)), None)
-    if dev is not None:
-        return dev
-    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
+    return pick_device(first, str(dist.get_backend()), device)
 
 
 def reshard_many(
@@ -116,7 +113,6 @@ def reshard_many(
     timeout: float = DEFAULT_TIMEOUT,
     device: torch.device | str | None = None,
     names: Sequence[str] | None = None,
-    _errors: Sequence[str] = (),
 ) -> list[torch.Tensor | None]:
     """Run ``plans[k]`` on ``tensors[k]`` for every k, together; return the destination shards.
 
@@ -135,7 +131,23 @@ def reshard_many(
     wait longer than ``timeout`` seconds, raises :class:`meshcast.ReshardError` as
     :func:`meshcast.reshard` does.
     """
-    global _last
+    return run_many(tensors, plans, bucket_bytes=bucket_bytes, timeout=timeout, device=device,
+                    names=names)
+
+
+def run_many(
+    tensors: Sequence[torch.Tensor | None],
+    plans: Sequence[Plan],
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    timeout: float = DEFAULT_TIMEOUT,
+    device: torch.device | str | None = None,
+    names: Sequence[str] | None = None,
+    errors: Sequence[str] = (),
+) -> list[torch.Tensor | None]:
+    """:func:`reshard_many`, with ``errors`` this rank found in its inputs before (messages that
+    name the tensor and the rule, as the state-dict integration finds them): the first is raised
+    on every rank of the plans as an input error, through the same agreement."""
     plans, tensors = list(plans), list(tensors)
     try:
         _check_arguments(tensors, plans, bucket_bytes, timeout)
@@ -149,33 +161,35 @@ def reshard_many(
         raise
     label = [names[k] if names is not None else f"tensors[{k}]" for k in range(len(plans))]
     me = dist.get_rank()
-    errors = list(_errors)
+    errors = list(errors)
     if me not in ranks:
-        if errors:
-            raise ValueError(f"meshcast.reshard_many on rank {me}: {errors[0]}")
-        for k, t in enumerate(tensors):
-            if t is not None:
-                raise ValueError(f"{label[k]} must be None on rank {me}: no plan involves this "
-                                 f"rank")
-        next_step(dist.group.WORLD)
-        _last = ManyStats()
+        _outside(tensors, errors, label, me)
         return [None] * len(plans)
-
     call, dev = _join(tensors, plans, ranks, me, errors, label, bucket_bytes, timeout, device)
-
     host_of: dict[int, int] = {}
     for p in plans:
         for r, h in p.topology._host_of.items():
             host_of.setdefault(r, h)
     host_of = real_host_map(ranks, host_of)  # the byte counters count by the real hosts
-    transport = Transport(dist.group.WORLD, me, lambda r: r, host_of, float(timeout))
+    links = Links(dist.group.WORLD, me, lambda r: r, host_of, float(timeout))
     failures = Failures(call, float(timeout))
-    run = _Exchange(plans, schedule, me, tensors, dev, transport, failures)
+    run = _Exchange(plans, schedule, me, tensors, dev, links, failures)
     run.run()
     finish_call(call, failures)
-    _last = run.stats
+    _last.put("last", run.stats)
     return [None if o is None else o.view(torch_dtype(p.task.dtype))
             for o, p in zip(run.outs, plans)]
+
+
+def _outside(tensors: list, errors: list[str], label: list[str], me: int) -> None:
+    """A rank outside every plan: refuse what it was given, else take its step and go."""
+    if errors:
+        raise ValueError(f"meshcast.reshard_many on rank {me}: {errors[0]}")
+    for k, t in enumerate(tensors):
+        if t is not None:
+            raise ValueError(f"{label[k]} must be None on rank {me}: no plan involves this rank")
+    next_step(dist.group.WORLD)
+    _last.put("last", ManyStats())
 
 
 def _join(
@@ -215,9 +229,9 @@ class _Exchange:
     """This rank's part of a schedule on carrier tensors (runtime/tensors.py)."""
 
     def __init__(self, plans: list[Plan], schedule: Schedule, me: int, tensors: list,
-                 dev: torch.device, transport: Transport, failures: Failures) -> None:
+                 dev: torch.device, links: Links, failures: Failures) -> None:
         self.schedule, self.me, self.dev = schedule, me, dev
-        self.transport, self.failures = transport, failures
+        self.links, self.failures = links, failures
         self.src_boxes = [p.task.src_box(me) for p in plans]
         self.dst_boxes = [p.task.dst_box(me) for p in plans]
         self.srcs = [None if t is None else as_carrier(t) for t in tensors]
@@ -274,7 +288,7 @@ class _Exchange:
         self.stats.peak_staging_bytes = max(self.stats.peak_staging_bytes, staged)
         for peer, segs, buf, w in posted_recvs:
             try:
-                self.transport.wait(w, peer, f"{what}: a receive from rank {peer}")
+                self.links.wait(w, peer, f"{what}: a receive from rank {peer}")
             except PeerFault as fault:
                 self.failures.peer(fault)
                 continue
@@ -282,7 +296,7 @@ class _Exchange:
                 self._unpack(segs, buf)
         for peer, _, _, w in posted_sends:
             try:
-                self.transport.wait(w, peer, f"{what}: a send to rank {peer}")
+                self.links.wait(w, peer, f"{what}: a send to rank {peer}")
             except PeerFault as fault:
                 self.failures.peer(fault)
 
@@ -293,13 +307,13 @@ class _Exchange:
             v = self.view(segs[0], "dst")
             if v.is_contiguous():
                 stats.zero_copy_messages += 1
-                return peer, segs, None, self.transport.irecv(v, peer, tag, what)
+                return peer, segs, None, self.links.irecv(v, peer, tag, what)
         buf = torch.empty(_msg_size(segs), dtype=torch.uint8, device=self.dev)
-        return peer, segs, buf, self.transport.irecv(buf, peer, tag, what)
+        return peer, segs, buf, self.links.irecv(buf, peer, tag, what)
 
     def _post_send(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> tuple:
         if self.failures.degraded.is_set():
-            return peer, segs, None, self.transport.stub(peer, tag, what)
+            return peer, segs, None, self.links.stub(peer, tag, what)
         staged = None
         if len(segs) == 1 and self.view(segs[0], "src").is_contiguous():
             buf = self.view(segs[0], "src")
@@ -314,7 +328,7 @@ class _Exchange:
         nbytes = sum(s.nbytes for s in segs)
         self.stats.messages_sent += 1
         self.stats.bytes_sent += nbytes
-        return peer, segs, staged, self.transport.isend(buf, peer, tag, what, payload=nbytes)
+        return peer, segs, staged, self.links.isend(buf, peer, tag, what, payload=nbytes)
 
     def _unpack(self, segs: tuple[Segment, ...], buf: torch.Tensor) -> None:
         off = 0

@@ -1,6 +1,7 @@
-"""Point-to-point machinery for gloo (or any backend with tagged isend/irecv): a transport that
-counts bytes and names the peer of every failure, a memory budget, a reaper thread that completes
-posted messages in order, and :class:`Failures`, what one rank knows about a failing call.
+"""Messages and failures, shared by every transport: :class:`Links` (tagged isend/irecv that
+count bytes and name the peer of every failure, and the bounded wait of any posted work), a memory
+budget, a reaper thread that completes posted messages in order, and :class:`Failures`, what one
+rank knows about a failing call.
 
 Every message is a contiguous tensor viewed as bytes, so any dtype travels the same way. A box
 that is contiguous in its shard is sent or received in place; otherwise it is packed into (or
@@ -32,7 +33,7 @@ from .errors import ReshardError
 from .stats import record_send
 from .tensors import as_bytes
 
-__all__ = ["Budget", "Failures", "PeerFault", "Pending", "Reaper", "Transport"]
+__all__ = ["Budget", "Failures", "Links", "PeerFault", "Pending", "Reaper"]
 
 NOTE_S = 1.0
 """A rank waiting longer than this (or a quarter of the timeout) for a peer leaves a note."""
@@ -53,7 +54,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[-1] if text else type(exc).__name__
 
 
-class Transport:
+class Links:
     """Tagged isend/irecv between plan ranks over one process group, with byte counters."""
 
     def __init__(
@@ -243,8 +244,8 @@ class Reaper:
     """A thread that completes posted items in the order they were posted; a failed message is
     recorded in ``failures`` and the items after it are still completed."""
 
-    def __init__(self, transport: Transport, budget: Budget, failures: Failures) -> None:
-        self.transport = transport
+    def __init__(self, links: Links, budget: Budget, failures: Failures) -> None:
+        self.links = links
         self.budget = budget
         self.failures = failures
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
@@ -260,7 +261,7 @@ class Reaper:
             ok = True
             for peer, work in item.works:
                 try:
-                    self.transport.wait(work, peer, item.what)
+                    self.links.wait(work, peer, item.what)
                 except PeerFault as fault:
                     ok = False
                     self.failures.peer(fault)

@@ -1,29 +1,48 @@
-"""One rank's execution of a plan with tagged point-to-point messages (gloo), see docs/runtime.md.
+"""The one executor: a rank's walk over its operations of a plan, whatever moves the bytes.
 
-Operations are posted in plan order (``ordered``: each waits until the previous one completed);
-a reaper thread completes sends and receives in posting order, relay threads forward broadcasts.
-:meth:`Runner.run` never raises for a failed message: it records the fault (p2p.Failures), then
-goes on exchanging placeholders with every peer whose connection still works, and returns once
-every message it posted has completed or failed and every thread it started has ended.
+:class:`Runner` owns what every transport shares: the operations in plan order (``ordered``:
+each waits until the previous one completed), local copies, chunk buffers (a chunk that is not
+contiguous in its shard is packed into, or received into, a buffer counted against the memory
+budget), the reaper thread that completes posted messages in posting order, the writes later
+operations depend on, error handling per operation and the drain at the end. A transport
+(:class:`Moves`: transport_p2p.py's tagged messages, transport_collectives.py's collectives) only
+supplies the moves of a Send, a Broadcast and an AllGather.
+
+:meth:`Runner.run` never raises for a failed message: it records the fault (p2p.Failures), the
+transport goes on as its failure rules say, and the run returns once every message it posted has
+completed or failed and every thread it started has ended.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from ..core.layout import Box, box_size
-from ..core.plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
-from .broadcast import Relay, chain_role
-from .chunks import boxes_overlap, chunk_boxes, relative
-from .p2p import Budget, Failures, PeerFault, Pending, Reaper, Transport
+from ..core.plan import AllGather, Broadcast, Copy, Plan, Send
+from .chunks import boxes_overlap, relative
+from .p2p import Budget, Failures, Links, PeerFault, Pending, Reaper
 
-__all__ = ["RELAY_WINDOW", "Runner"]
+__all__ = ["Moves", "Runner"]
 
-RELAY_WINDOW = 4
-"""Chunks a broadcast leader keeps in flight on each side of its relay."""
+
+class Moves(Protocol):
+    """What a transport supplies: the moves of one operation on ``runner``'s buffers."""
+
+    def start(self, runner: Runner) -> None:
+        """Before the first operation (create what the transport needs, e.g. sub-groups)."""
+
+    def send(self, runner: Runner, i: int, op: Send) -> None:
+        """Post this rank's side of point-to-point ``op`` (index ``i``)."""
+
+    def broadcast(self, runner: Runner, i: int, op: Broadcast) -> None:
+        """Post this rank's side of ``op``."""
+
+    def allgather(self, runner: Runner, i: int, op: AllGather) -> None:
+        """Post this rank's side of ``op``."""
 
 
 class Runner:
@@ -35,7 +54,8 @@ class Runner:
         me: int,
         local: torch.Tensor | None,
         out: torch.Tensor | None,
-        transport: Transport,
+        links: Links,
+        moves: Moves,
         failures: Failures,
         chunk_bytes: int,
         max_inflight_bytes: int,
@@ -50,12 +70,13 @@ class Runner:
         self.itemsize = plan.task.itemsize
         self.chunk_bytes = int(chunk_bytes)
         self.ordered = ordered
-        self.transport = transport
+        self.links = links
+        self.moves = moves
         self.failures = failures
-        self.timeout = transport.timeout
+        self.timeout = links.timeout
         self.budget = Budget(int(max_inflight_bytes), self.timeout)
-        self.reaper = Reaper(transport, self.budget, failures)
-        self.relays: list[threading.Thread] = []
+        self.reaper = Reaper(links, self.budget, failures)
+        self.threads: list[threading.Thread] = []  # helper threads (broadcast relays)
         self.op_items: list[Pending] = []  # what the current operation posted (ordered mode)
         self.writes: list[Pending] = []  # pending writes into `out`, for AllGather dependencies
         self._scratch: torch.Tensor | None = None
@@ -64,6 +85,11 @@ class Runner:
     def run(self) -> None:
         """Post every operation of this rank in plan order, then complete all of them."""
         try:
+            try:
+                self.moves.start(self)
+            except Exception as exc:
+                self.failures.error("the transport's set-up", exc)
+                return
             for i in self.plan.ops_of(self.me):
                 try:
                     self._operation(i)
@@ -76,17 +102,19 @@ class Runner:
                         self.failures.wait(item)
                 self.op_items.clear()
         finally:
-            self._drain()
+            self.drain()
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Complete every posted message and end every thread (each wait is bounded)."""
         limit = 2 * self.timeout + 30
         reaped = self.reaper.close(limit)
-        for thread in self.relays:
+        for thread in self.threads:
             thread.join(limit)
-        if not reaped or any(t.is_alive() for t in self.relays):
+        if not reaped or any(t.is_alive() for t in self.threads):
             self.failures.error("the end of the call", RuntimeError(
                 f"a meshcast thread was still running {limit:g} s after the last operation"))
+        if self.out is not None and self.out.device.type == "cuda":
+            torch.cuda.synchronize(self.out.device)  # the result is complete when we return
 
     def _operation(self, i: int) -> None:
         op = self.plan.ops[i]
@@ -96,133 +124,86 @@ class Runner:
                 self.local[relative(op.box, self.src_box)]
             )
         elif isinstance(op, Send):
-            what = f"op {i} (send {op.src}->{op.dst})"
-            if op.src == self.me:
-                self._send(self.local, self.src_box, op.box, [op.dst], i, what, op.ranks())
-            if op.dst == self.me:
-                self._recv(op.box, op.src, i, what, op.ranks())
+            self.moves.send(self, i, op)
         elif isinstance(op, Broadcast):
-            self._broadcast(i, op)
+            self.moves.broadcast(self, i, op)
         elif isinstance(op, AllGather):
-            self._allgather(i, op)
+            self.moves.allgather(self, i, op)
         else:
             raise TypeError(f"plan has an operation of unknown type {type(op).__name__}")
 
-    # -- posting ------------------------------------------------------------------------------
-    def _send(
-        self,
-        shard: torch.Tensor,
-        shard_box: Box,
-        box: Box,
-        targets: list[int],
-        index: int,
-        what: str,
-        ranks: tuple[int, ...],
-    ) -> None:
-        for chunk in chunk_boxes(box, self.itemsize, self.chunk_bytes):
-            live = [t for t in targets if self.failures.sendable(t)]
-            if not live:
-                continue
-            extra, buf = 0, None
-            if not self.failures.degraded.is_set():
-                buf = shard[relative(chunk, shard_box)]
-                if not buf.is_contiguous():
-                    extra = box_size(chunk) * self.itemsize
-                    self.budget.acquire(extra)
-                    buf = buf.contiguous()
-            works = []
-            for t in live:
-                try:
-                    if buf is None:
-                        works.append((t, self.transport.stub(t, index, what)))
-                    else:
-                        works.append((t, self.transport.isend(buf, t, index, what)))
-                except PeerFault as fault:
-                    self.failures.peer(fault)
-            self._posted(Pending(works, f"{what}: send to {live}", ranks, extra))
+    # -- what every transport uses ------------------------------------------------------------
+    def send_buffer(
+        self, shard: torch.Tensor, shard_box: Box, chunk: Box, block: bool = True
+    ) -> tuple[torch.Tensor | None, int]:
+        """``(buffer, packed bytes)`` holding ``chunk`` of ``shard`` contiguously: the shard's own
+        memory where it is contiguous, else a packed copy counted against the budget. ``(None,
+        0)`` when the rank is degraded (it sends placeholders), or when ``block`` is False and
+        the packed copy does not fit the budget now."""
+        if self.failures.degraded.is_set():
+            return None, 0
+        buf = shard[relative(chunk, shard_box)]
+        if buf.is_contiguous():
+            return buf, 0
+        extra = box_size(chunk) * self.itemsize
+        if block:
+            self.budget.acquire(extra)
+        elif not self.budget.try_acquire(extra):
+            return None, 0
+        return buf.contiguous(), extra
 
-    def _recv(self, box: Box, peer: int, index: int, what: str, ranks: tuple[int, ...]) -> None:
+    def recv_buffer(
+        self, chunk: Box, block: bool = True
+    ) -> tuple[torch.Tensor | None, int, Callable[[], None] | None]:
+        """``(buffer, packed bytes, finish)`` to receive ``chunk`` of ``out`` into: the view of
+        ``out`` where it is contiguous; else a buffer counted against the budget and ``finish``
+        copying it into place (after a failure, a scratch buffer: the data is lost anyway).
+        ``(None, 0, None)`` when ``block`` is False and the buffer does not fit the budget now."""
         assert self.out is not None and self.dst_box is not None
-        for chunk in chunk_boxes(box, self.itemsize, self.chunk_bytes):
-            if self.failures.closed(peer):
-                return
-            view = self.out[relative(chunk, self.dst_box)]
-            extra, finish, buf = 0, None, view
-            if not view.is_contiguous():
-                nbytes = box_size(chunk) * self.itemsize
-                if self.failures.degraded.is_set():
-                    buf = self._scratch_for(nbytes)  # the data is lost anyway
-                else:
-                    self.budget.acquire(nbytes)
-                    extra = nbytes
-                    buf = torch.empty(view.shape, dtype=view.dtype, device=view.device)
-                    finish = _copier(view, buf)
-            try:
-                work = self.transport.irecv(buf, peer, index, what)
-            except PeerFault:
-                self.budget.release(extra)
-                raise
-            item = Pending([(peer, work)], f"{what}: receive from {peer}", ranks, extra, finish,
-                           chunk)
-            self.writes.append(item)
-            self._posted(item)
+        view = self.out[relative(chunk, self.dst_box)]
+        if view.is_contiguous():
+            return view, 0, None
+        nbytes = box_size(chunk) * self.itemsize
+        if self.failures.degraded.is_set():
+            return self.scratch(nbytes), 0, None
+        if block:
+            self.budget.acquire(nbytes)
+        elif not self.budget.try_acquire(nbytes):
+            return None, 0, None
+        buf = torch.empty(view.shape, dtype=view.dtype, device=view.device)
+        return buf, nbytes, copier(view, buf)
 
-    def _posted(self, item: Pending) -> None:
-        self.reaper.add(item)
-        self.op_items.append(item)
-
-    def _scratch_for(self, nbytes: int) -> torch.Tensor:
+    def scratch(self, nbytes: int) -> torch.Tensor:
+        """A reused buffer of at least ``nbytes`` for data that is lost anyway."""
+        device = self.out.device if self.out is not None else torch.device("cpu")
         if self._scratch is None or self._scratch.numel() < nbytes:
-            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=self.out.device)
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return self._scratch[:nbytes]
 
-    def _wait_writes(self, box: Box) -> None:
+    def post(self, item: Pending) -> None:
+        """Hand a posted item to the reaper; items that write ``out`` (``item.box``) are
+        remembered for :meth:`wait_writes`."""
+        self.reaper.add(item)
+        self.op_items.append(item)
+        if item.box is not None:
+            self.writes.append(item)
+
+    def wait_writes(self, box: Box) -> None:
         """Wait for the pending writes into ``box`` of ``out`` (data this rank must pass on)."""
         for item in self.writes:
             if item.box is not None and boxes_overlap(item.box, box):
                 self.failures.wait(item)
 
-    # -- operations ---------------------------------------------------------------------------
-    def _broadcast(self, i: int, op: Broadcast) -> None:
-        chain = broadcast_chain(op, self.plan.topology._host_of)
-        role, feeder, targets = chain_role(chain, self.me)
-        what = f"op {i} (broadcast from {op.src})"
-        if role == "sender":
-            self._send(self.local, self.src_box, op.box, targets, i, what, op.ranks())
-        elif role == "member":
-            self._recv(op.box, feeder, i, what, op.ranks())
-        else:
-            done = Pending([], f"{what}: relay", op.ranks(), box=op.box)
-            relay = Relay(self.transport, self.budget, self.failures, self.out, self.dst_box, op,
-                          i, feeder, targets, self.chunk_bytes, RELAY_WINDOW, done)
-            self.writes.append(done)
-            self.op_items.append(done)
-            thread = threading.Thread(target=relay.run, name=f"meshcast-relay-{i}", daemon=True)
-            thread.start()
-            self.relays.append(thread)
-
-    def _allgather(self, i: int, op: AllGather) -> None:
-        """Post this member's messages of an all-gather in the order every member agrees on:
-        part by part in group order (receive the parts of the members before it, send its own,
-        receive the parts after it), chunk by chunk. A common order is what keeps a small
-        ``max_inflight_bytes`` deadlock-free (docs/runtime.md, "small budget"): were every member
-        to post its own sends first, each could fill its budget with sends that wait for receives
-        the others only post after their own sends."""
-        assert self.out is not None
-        what = f"op {i} (all-gather among {list(op.group)})"
-        others = [r for r in op.group if r != self.me]
-        for r, part in zip(op.group, op.parts):
-            if r != self.me:
-                try:
-                    self._recv(part, r, i, what, op.group)
-                except PeerFault as fault:
-                    self.failures.peer(fault)
-                continue
-            self._wait_writes(part)
-            self._send(self.out, self.dst_box, part, others, i, what, op.group)
+    def start_thread(self, target: Callable[[], None], name: str) -> None:
+        """Run ``target`` in a thread that the drain joins."""
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
 
 
-def _copier(view: torch.Tensor, buf: torch.Tensor) -> Callable[[], None]:
+def copier(view: torch.Tensor, buf: torch.Tensor) -> Callable[[], None]:
+    """A function copying ``buf`` into ``view`` (the unpacking of a received chunk)."""
+
     def finish() -> None:
         view.copy_(buf)
 

@@ -1,0 +1,111 @@
+"""The ``"p2p"`` transport: every move as tagged point-to-point messages on the caller's group
+(gloo's path, the default for CPU tensors). No process group is created, so a rank outside a plan
+is never needed; broadcasts follow the host-aware chain of broadcast.py.
+
+After a failure the rank goes on exchanging its messages with every peer whose connection still
+works, sending empty placeholders instead of data (p2p.py), so its peers finish at once, find the
+report and raise, instead of waiting out the timeout.
+"""
+
+from __future__ import annotations
+
+from ..core.layout import Box
+from ..core.plan import AllGather, Broadcast, Send, broadcast_chain
+from .broadcast import Relay, chain_role
+from .chunks import chunk_boxes
+from .p2p import PeerFault, Pending
+from .runner import Runner
+
+__all__ = ["RELAY_WINDOW", "PointToPoint"]
+
+RELAY_WINDOW = 4
+"""Chunks a broadcast leader keeps in flight on each side of its relay."""
+
+
+class PointToPoint:
+    """The moves of the ``"p2p"`` transport (see the module docstring)."""
+
+    def start(self, runner: Runner) -> None:
+        """Nothing to set up: messages go on the caller's group."""
+
+    def send(self, runner: Runner, i: int, op: Send) -> None:
+        """Send ``op.box`` from the source shard, or receive it, chunk by chunk."""
+        what = f"op {i} (send {op.src}->{op.dst})"
+        if op.src == runner.me:
+            self._send(runner, runner.local, runner.src_box, op.box, [op.dst], i, what,
+                       op.ranks())
+        if op.dst == runner.me:
+            self._recv(runner, op.box, op.src, i, what, op.ranks())
+
+    def broadcast(self, runner: Runner, i: int, op: Broadcast) -> None:
+        """This rank's part of the host-aware chain: send, relay (in a thread) or receive."""
+        chain = broadcast_chain(op, runner.plan.topology._host_of)
+        role, feeder, targets = chain_role(chain, runner.me)
+        what = f"op {i} (broadcast from {op.src})"
+        if role == "sender":
+            self._send(runner, runner.local, runner.src_box, op.box, targets, i, what, op.ranks())
+        elif role == "member":
+            self._recv(runner, op.box, feeder, i, what, op.ranks())
+        else:
+            done = Pending([], f"{what}: relay", op.ranks(), box=op.box)
+            relay = Relay(runner.links, runner.budget, runner.failures, runner.out,
+                          runner.dst_box, op, i, feeder, targets, runner.chunk_bytes,
+                          RELAY_WINDOW, done)
+            runner.writes.append(done)
+            runner.op_items.append(done)
+            runner.start_thread(relay.run, f"meshcast-relay-{i}")
+
+    def allgather(self, runner: Runner, i: int, op: AllGather) -> None:
+        """Post this member's messages of an all-gather in the order every member agrees on:
+        part by part in group order (receive the parts of the members before it, send its own,
+        receive the parts after it), chunk by chunk. A common order is what keeps a small
+        ``max_inflight_bytes`` deadlock-free (docs/runtime.md, "small budget"): were every member
+        to post its own sends first, each could fill its budget with sends that wait for receives
+        the others only post after their own sends."""
+        assert runner.out is not None
+        what = f"op {i} (all-gather among {list(op.group)})"
+        others = [r for r in op.group if r != runner.me]
+        for r, part in zip(op.group, op.parts):
+            if r != runner.me:
+                try:
+                    self._recv(runner, part, r, i, what, op.group)
+                except PeerFault as fault:
+                    runner.failures.peer(fault)
+                continue
+            runner.wait_writes(part)
+            self._send(runner, runner.out, runner.dst_box, part, others, i, what, op.group)
+
+    @staticmethod
+    def _send(runner: Runner, shard, shard_box: Box, box: Box, targets: list[int], index: int,
+              what: str, ranks: tuple[int, ...]) -> None:
+        failures, links = runner.failures, runner.links
+        for chunk in chunk_boxes(box, runner.itemsize, runner.chunk_bytes):
+            live = [t for t in targets if failures.sendable(t)]
+            if not live:
+                continue
+            buf, extra = runner.send_buffer(shard, shard_box, chunk)
+            works = []
+            for t in live:
+                try:
+                    if buf is None:
+                        works.append((t, links.stub(t, index, what)))
+                    else:
+                        works.append((t, links.isend(buf, t, index, what)))
+                except PeerFault as fault:
+                    failures.peer(fault)
+            runner.post(Pending(works, f"{what}: send to {live}", ranks, extra))
+
+    @staticmethod
+    def _recv(runner: Runner, box: Box, peer: int, index: int, what: str,
+              ranks: tuple[int, ...]) -> None:
+        for chunk in chunk_boxes(box, runner.itemsize, runner.chunk_bytes):
+            if runner.failures.closed(peer):
+                return
+            buf, extra, finish = runner.recv_buffer(chunk)
+            try:
+                work = runner.links.irecv(buf, peer, index, what)
+            except PeerFault:
+                runner.budget.release(extra)
+                raise
+            runner.post(Pending([(peer, work)], f"{what}: receive from {peer}", ranks, extra,
+                                finish, chunk))
