@@ -367,11 +367,13 @@ def _run_jobs_on_cluster(jobs: list, hosts: int, ranks_per_host: int, nic_gbit: 
                          timeout: float) -> tuple[list[list[dict]], str]:
     """Run ``jobs`` on an emulated cluster (or on loopback without root, where communication is
     nearly free): per-rank results and a sentence saying where they ran."""
-    from ..interop.cluster_job import run_job
+    from ..cluster.job import run_on_emulated_hosts
     from ..training.training import run_jobs
 
-    return run_job(run_jobs, hosts * ranks_per_host, ranks_per_host, nic_gbit=nic_gbit,
-                   args=(jobs, False), timeout=timeout, name=f"mc-pipe{os.getpid() % 100000}")
+    return run_on_emulated_hosts(
+        run_jobs, hosts * ranks_per_host, ranks_per_host, nic_gbit=nic_gbit,
+        args=(jobs, False), timeout=timeout, name=f"mc-pipe{os.getpid() % 100000}",
+    )
 
 
 def run_cluster(args: argparse.Namespace) -> int:

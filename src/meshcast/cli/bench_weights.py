@@ -201,8 +201,8 @@ def joint_lower_bound(tasks, topology) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Run every method in its own job and print the comparison."""
+    from ..cluster.job import run_on_emulated_hosts
     from ..core.topology import Topology
-    from ..interop.cluster_job import run_job
 
     cfg = {"layers": args.layers, "embd": args.embd, "vocab": args.vocab}
     methods = args.methods
@@ -215,9 +215,10 @@ def run(args: argparse.Namespace) -> int:
     where = ""
     for k, m in enumerate(methods):
         with working(f"meshcast bench weights: {m} ({k + 1}/{len(methods)}), 8 ranks"):
-            results, where = run_job(weights_worker, 8, 2, nic_gbit=args.nic_gbit,
-                                     args=(m, cfg, args.reps), timeout=600,
-                                     loopback=args.loopback)
+            results, where = run_on_emulated_hosts(
+                weights_worker, 8, 2, nic_gbit=args.nic_gbit, args=(m, cfg, args.reps),
+                timeout=600, loopback=args.loopback,
+            )
         bad = sorted({n for r in results for n in r["bad"]})
         if bad:
             raise RuntimeError(f"{m}: wrong weights {bad[:5]}")
