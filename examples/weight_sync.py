@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--loopback", action="store_true")
     args = parser.parse_args()
 
-    from meshcast.cli.bench_weights import joint_lower_bound
+    from meshcast.bench.weight_sync import joint_lower_bound
 
     sd, layouts = model_and_layouts(args.layers, args.embd, args.vocab)
     nbytes = sum(v.numel() * v.element_size() for v in sd.values())

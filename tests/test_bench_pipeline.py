@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from meshcast.bench.pipeline_sim import COLUMNS, step_times
 from meshcast.cli import main
-from meshcast.cli.bench_pipeline import COLUMNS, step_times
 from meshcast.pipeline import chain_links
 
 
