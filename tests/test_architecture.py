@@ -51,10 +51,8 @@ STILL_BIG = {
 """Modules over :data:`MAX_MODULE_LINES` today."""
 
 STILL_LONG = {
-    "meshcast.cli.bench_resharding.run",
     "meshcast.estimate.simulate._run",
     "meshcast.interop.state_dict.reshard_state_dict",
-    "meshcast.pipeline.simulator.simulate_pipeline",
     "meshcast.planning.balance._large_plan",
     "meshcast.planning.balance._list_schedule",
     "meshcast.planning.balance._own_items",

@@ -22,6 +22,17 @@ RUN_OVERHEAD_S = 0.25
 """Estimated seconds per run beyond its transfer: barriers, the check, poisoning."""
 
 
+def count_runs(
+    cases: Sequence[BenchCase], methods: Sequence[str], reps: int, warmup: int, nic_gbit: float
+) -> int:
+    """Runs a measured suite makes (identical plans of a case run once)."""
+    total = 0
+    for c in cases:
+        topo = c.topology(nic_gbit * PAYLOAD_FRACTION, 20.0, PLAN_LATENCY_US)
+        total += len(job_methods(c, methods, topo)[0]) * (warmup + reps)
+    return total
+
+
 def estimate_s(
     cases: Sequence[BenchCase], methods: Sequence[str], reps: int, warmup: int, nic_gbit: float
 ) -> float:

@@ -55,7 +55,14 @@ from .reshard_cases import (
 )
 from .reshard_methods import applies, baseline_model, baseline_model_s, build_plans, gather_steps
 from .reshard_report import dumps, load_avg, markdown_report, simulated_rows
-from .reshard_suite import RANK_START_S, RUN_OVERHEAD_S, estimate_s, job_methods, run_suite
+from .reshard_suite import (
+    RANK_START_S,
+    RUN_OVERHEAD_S,
+    count_runs,
+    estimate_s,
+    job_methods,
+    run_suite,
+)
 from .reshard_worker import JobSpec, case_worker, check_results, merge_probe
 
 __all__ = [
@@ -78,6 +85,7 @@ __all__ = [
     "build_plans",
     "case_worker",
     "check_results",
+    "count_runs",
     "dumps",
     "estimate_s",
     "gather_steps",
