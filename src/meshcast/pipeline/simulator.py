@@ -2,7 +2,7 @@
 
 The model (plain, deterministic, no randomness):
 
-- Stage ``i`` runs the actions of the schedule in the schedule's order (:meth:`Schedule.actions`);
+- Stage ``i`` runs the actions of the schedule in the schedule's order (:meth:`ClockTable.actions`);
   a forward takes ``forward_s[i]``, a backward ``backward_s[i]``. An action starts when its stage
   is free and its inputs are there.
 - Tensors between stages travel over :class:`Link` s. A link from stage ``src`` to a later stage
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .schedules import Action, Schedule
+from .schedules import Action, ClockTable
 
 __all__ = ["Link", "PipelineTiming", "TransferTiming", "chain_links", "simulate_pipeline"]
 
@@ -86,7 +86,7 @@ def chain_links(
 class PipelineTiming:
     """Result of :func:`simulate_pipeline`: the step time and when everything ran."""
 
-    schedule: Schedule
+    schedule: ClockTable
     overlap: bool
     overlap_backward: bool
     step_s: float
@@ -159,7 +159,7 @@ class _LinkClock:
 
 
 def simulate_pipeline(
-    schedule: Schedule,
+    schedule: ClockTable,
     forward_s: float | Sequence[float],
     backward_s: float | Sequence[float],
     links: Sequence[Link] = (),
@@ -174,8 +174,8 @@ def simulate_pipeline(
     ``chain_links(n, activation_s)``; the transfer times usually come from simulating the
     resharding plan of each boundary tensor.
     """
-    if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a meshcast.pipeline.Schedule, got {schedule!r}")
+    if not isinstance(schedule, ClockTable):
+        raise TypeError(f"schedule must be a meshcast.pipeline.ClockTable, got {schedule!r}")
     n = schedule.num_stages
     fwd = _per_stage(forward_s, n, "forward_s")
     bwd = _per_stage(backward_s, n, "backward_s")

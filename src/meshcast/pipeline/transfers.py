@@ -13,7 +13,7 @@ from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..planning.planner import plan
 from .graph import StageGraph, TensorEdge
-from .schedules import Action, Schedule
+from .schedules import Action, ClockTable
 
 __all__ = ["Transfer", "build_transfers", "describe", "replicated_spec"]
 
@@ -47,7 +47,7 @@ def describe(t: Transfer) -> str:
 def build_transfers(
     graph: StageGraph,
     meshes: Sequence[Mesh],
-    table: Schedule,
+    table: ClockTable,
     layouts: Mapping[str, tuple[str, str]],
     topology: Topology,
     strategy: str,
