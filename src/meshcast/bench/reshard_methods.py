@@ -114,7 +114,7 @@ def baseline_model(case: BenchCase, method: str, topology: Topology) -> tuple[fl
     receiving rank), plus one latency; gather-scatter's phases (each all-gather axis, then the
     sends) run one after another."""
     task = case.task
-    host_of = topology._host_of
+    host_of = topology.host_of
     nic = topology.nic_in_gbps[0] * 1e9 / 8
     intra = topology.intra_gbps * 1e9 / 8
     lat = topology.latency_us * 1e-6
@@ -127,9 +127,9 @@ def baseline_model(case: BenchCase, method: str, topology: Topology) -> tuple[fl
         inn = np.zeros(topology.num_hosts)
         per_rank: dict[int, int] = {}
         for s, d, nbytes in flows:
-            if host_of[s] != host_of[d]:
-                out[host_of[s]] += nbytes
-                inn[host_of[d]] += nbytes
+            if host_of(s) != host_of(d):
+                out[host_of(s)] += nbytes
+                inn[host_of(d)] += nbytes
                 across += nbytes
             else:
                 per_rank[d] = per_rank.get(d, 0) + nbytes
