@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..cluster.names import INTRA_GBPS
 from ..core.plan import Plan
 from ..core.topology import Topology
 from ..estimate.lower_bound import lower_bound
@@ -28,7 +29,7 @@ def count_runs(
     """Runs a measured suite makes (identical plans of a case run once)."""
     total = 0
     for c in cases:
-        topo = c.topology(nic_gbit * PAYLOAD_FRACTION, 20.0, PLAN_LATENCY_US)
+        topo = c.topology(nic_gbit * PAYLOAD_FRACTION, INTRA_GBPS, PLAN_LATENCY_US)
         total += len(job_methods(c, methods, topo)[0]) * (warmup + reps)
     return total
 
@@ -40,7 +41,7 @@ def estimate_s(
     simulated time at ``nic_gbit`` (slowed by 1.3) plus a fixed overhead."""
     total = 0.0
     for case in cases:
-        topo = case.topology(nic_gbit * PAYLOAD_FRACTION, 20.0, PLAN_LATENCY_US)
+        topo = case.topology(nic_gbit * PAYLOAD_FRACTION, INTRA_GBPS, PLAN_LATENCY_US)
         sims = simulated_rows([case], methods, lambda c, t=topo: t)
         seen: set[Any] = set()
         runs = 0.0
@@ -131,7 +132,7 @@ def run_suite(
     tmp = tempfile.mkdtemp(prefix="meshcast-bench-")
     try:
         for case in cases:
-            plan_topo = case.topology(nic_gbit * PAYLOAD_FRACTION, 20.0, PLAN_LATENCY_US)
+            plan_topo = case.topology(nic_gbit * PAYLOAD_FRACTION, INTRA_GBPS, PLAN_LATENCY_US)
             run_list, plans, same, skipped = job_methods(case, methods, plan_topo)
             path = os.path.join(tmp, f"{case.key}.progress")
             spec = JobSpec(case, run_list, {m: plans[m] for m in run_list if m in plans}, reps,
@@ -170,7 +171,7 @@ def _probed_topology(case: BenchCase, probe: dict[str, float], nic_gbit: float) 
     """The case's topology with the links the probe measured (planned values where it did not)."""
     return case.topology(
         probe.get("cross_gbps", nic_gbit * PAYLOAD_FRACTION),
-        probe.get("intra_gbps", 20.0),
+        probe.get("intra_gbps", INTRA_GBPS),
         probe.get("latency_us", PLAN_LATENCY_US),
     )
 

@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from ..bench import resharding as rb
+from ..cluster.names import INTRA_GBPS
 from ..core.topology import PRESETS
 from .common import UsageError, choice, comma_list, integer, number, output_dir
 
@@ -317,11 +318,11 @@ def _run_simulated(
         gbps = args.nic_gbit * rb.PAYLOAD_FRACTION
 
         def topo_of(c: rb.BenchCase):
-            return c.topology(gbps, 20.0, rb.PLAN_LATENCY_US)
+            return c.topology(gbps, INTRA_GBPS, rb.PLAN_LATENCY_US)
 
         what = (
-            f"simulated, emulated cluster's links ({gbps:.3f} Gbit/s payload, 20 Gbit/s "
-            f"inside, {rb.PLAN_LATENCY_US:g} us), {rb.parse_size(args.size) / 2**20:g} MiB"
+            f"simulated, emulated cluster's links ({gbps:.3f} Gbit/s payload, {INTRA_GBPS:g} "
+            f"Gbit/s inside, {rb.PLAN_LATENCY_US:g} us), {rb.parse_size(args.size) / 2**20:g} MiB"
         )
         tag = "-sim"
     rows = rb.simulated_rows(cases, methods, topo_of)
