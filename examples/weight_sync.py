@@ -15,7 +15,7 @@ import argparse
 import time
 
 import meshcast
-from meshcast.interop.cluster_job import run_job
+from meshcast.cluster import run_on_emulated_hosts
 from meshcast.interop.weights import gpt_weight_tasks
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--loopback", action="store_true")
     args = parser.parse_args()
 
-    from meshcast.cli.bench_weights import joint_lower_bound
+    from meshcast.bench.weight_sync import joint_lower_bound
 
     sd, layouts = model_and_layouts(args.layers, args.embd, args.vocab)
     nbytes = sum(v.numel() * v.element_size() for v in sd.values())
@@ -71,8 +71,10 @@ def main() -> None:
     bound = joint_lower_bound(list(layouts.values()), topo)
     plans = meshcast.plan_many(list(layouts.values()), topo)
     inbound = sum(p.cross_host_bytes() for p in plans)
-    results, where = run_job(worker, 8, 2, nic_gbit=args.nic_gbit, loopback=args.loopback,
-                             args=(args.layers, args.embd, args.vocab, args.reps))
+    results, where = run_on_emulated_hosts(
+        worker, 8, 2, nic_gbit=args.nic_gbit, loopback=args.loopback,
+        args=(args.layers, args.embd, args.vocab, args.reps),
+    )
     wrong = sorted({n for r in results for n in r["wrong"]})
     assert not wrong, f"wrong weights: {wrong}"
     assert all(r["received"] == len(layouts) for r in results[4:])

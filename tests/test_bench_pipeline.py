@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from meshcast.bench.pipeline_sim import COLUMNS, step_times
 from meshcast.cli import main
-from meshcast.cli.bench_pipeline import COLUMNS, step_times
 from meshcast.pipeline import chain_links
 
 
@@ -35,3 +35,18 @@ def test_simulate_mode_prints_both_tables(capsys) -> None:
     assert main(["bench", "pipeline", "--simulate", "--microbatches", "4", "--gbps", "10"]) == 0
     out = capsys.readouterr().out
     assert "Sweep" in out and "GPT 4x4" in out and "U-Transformer 2x4" in out
+
+
+def test_cluster_runs_are_summarised_per_model_strategy_and_schedule() -> None:
+    pytest.importorskip("torch")
+    from meshcast.bench.pipeline_runs import CLUSTER_RUNS, cluster_jobs, summarise_runs
+
+    jobs = cluster_jobs(2, 2, 4, 3, 1.0, ["gpt"])
+    assert [j.label for j in jobs] == [f"gpt|{s}|{k}" for s, k, _ in CLUSTER_RUNS]
+    # 4 ranks, 2 per stage; the slowest rank of each timed step counts (the first step does not)
+    results = [[{"seconds": [9.0, 0.5 + r * 0.1, 1.0], "stage": r // 2,
+                 "peak_activation_bytes": 2**20 * (r + 1)} for _ in jobs] for r in range(4)]
+    rows = summarise_runs(jobs, results)
+    row = rows[("gpt", "send_recv", "1f1b")]
+    assert row["step_s"] == 0.9 and row["samples"] == jobs[0].batch_size / 0.9
+    assert row["peaks"] == [2 * 2**20, 4 * 2**20] and row["job"] is jobs[0]

@@ -125,3 +125,49 @@ def test_a_failing_rank_is_named_and_the_others_are_stopped(cluster: Cluster) ->
     assert "rank 3 gives up on purpose" in failures[3] and "Traceback" in failures[3]
     assert "rank 3 gives up on purpose" in str(info.value)
     assert not any(cluster.pids().values()), "ranks left running inside the namespaces"
+
+
+class LoopbackHosts:
+    """A second :class:`meshcast.runtime.hosts.HostProvider`: every "host" is this machine, each
+    rank a plain local process labelled with its host (runs anywhere, no root)."""
+
+    name = "loopback-hosts"
+
+    def __init__(self, num_hosts: int) -> None:
+        self.num_hosts = num_hosts
+
+    def ensure_up(self) -> None:
+        pass
+
+    def topology(self, devices_per_host: int) -> meshcast.Topology:
+        return meshcast.Topology.uniform(self.num_hosts, devices_per_host)
+
+    def host_addr(self, host: int) -> str:
+        return "127.0.0.1"
+
+    def free_port(self, host: int) -> int:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def spawn(self, host, argv, env=None, **popen_kwargs):
+        import subprocess
+
+        child = {**(os.environ if env is None else env), "MESHCAST_HOST": str(host)}
+        return subprocess.Popen(list(argv), env=child, **popen_kwargs)
+
+
+def _placement(rank: int) -> tuple[int, str, int]:
+    return rank, os.environ["MESHCAST_HOST"], meshcast.detect_topology().host_of(rank)
+
+
+@pytest.mark.timeout(240)
+def test_launch_takes_any_host_provider() -> None:
+    from meshcast.runtime.hosts import HostProvider
+
+    hosts = LoopbackHosts(2)
+    assert isinstance(hosts, HostProvider) and not isinstance("mc-x", HostProvider)
+    got = meshcast.launch(_placement, 4, cluster=hosts, timeout=120)
+    assert got == [(0, "0", 0), (1, "0", 0), (2, "1", 1), (3, "1", 1)]

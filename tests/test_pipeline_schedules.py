@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from meshcast.pipeline import SCHEDULES, Action, Schedule, schedule
+from meshcast.pipeline import SCHEDULES, Action, ClockTable, schedule
 
 SIZES = [(n, m) for n in range(1, 9) for m in range(1, 33)]
 
@@ -21,7 +21,7 @@ def expected_peak(name: str, n: int, m: int, i: int) -> int:
     return min(m, 2 * (n - i) - 1)
 
 
-def check_table(table: Schedule, name: str, n: int, m: int) -> None:
+def check_table(table: ClockTable, name: str, n: int, m: int) -> None:
     """Checks independent of how the table was built."""
     assert (table.name, table.num_stages, table.num_microbatches) == (name, n, m)
     assert all(len(row) == n for row in table.clocks)
@@ -127,7 +127,7 @@ def test_text_chart_and_json_round_trip() -> None:
         "stage 0  F0 F1  . B0 F2 B1  . B2\n"
         "stage 1   . F0 B0 F1 B1 F2 B2  ."
     )
-    assert Schedule.from_json(table.to_json()) == table
+    assert ClockTable.from_json(table.to_json()) == table
     assert table.actions(1) == (
         Action("F", 0), Action("B", 0), Action("F", 1), Action("B", 1), Action("F", 2),
         Action("B", 2),

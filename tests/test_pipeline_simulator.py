@@ -124,7 +124,7 @@ def test_bad_arguments() -> None:
         simulate_pipeline(table, -1.0, 1.0)
     with pytest.raises(ValueError, match="src < dst"):
         simulate_pipeline(table, 1.0, 1.0, [Link(2, 1, 0.0, 0.0)])
-    with pytest.raises(TypeError, match="Schedule"):
+    with pytest.raises(TypeError, match="ClockTable"):
         simulate_pipeline("1f1b", 1.0, 1.0)
     with pytest.raises(ValueError, match="2 numbers"):
         chain_links(3, [1.0])

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from meshcast import ReshardTask, Topology, plan
-from meshcast.cli.bench_planner import random_task, topology_for
+from meshcast.bench.planner_suite import mesh_rows_topology, random_task
 from meshcast.core.cases import PAPER_CASES
 
 DIGESTS = Path(__file__).with_name("data") / "plan_digests.json"
@@ -36,7 +36,7 @@ def _rows(every: int) -> Iterator[tuple[str, ReshardTask, Topology]]:
     for i in range(RANDOM_TASKS):
         task = random_task(rng)  # drawn for every i: the seeded sequence must not shift
         if i % every == 0:
-            yield f"random{i}", task, topology_for(task, "p3.8xlarge")
+            yield f"random{i}", task, mesh_rows_topology(task, "p3.8xlarge")
     for case in PAPER_CASES:
         task = case.task()
         hosts = max(task.dst.mesh.devices) // 4 + 1

@@ -12,9 +12,7 @@
    per stage, at several NIC speeds. Boundary times: each tensor a stage sends
    (:class:`meshcast.pipeline.StageGraph`) is a resharding task from the sending stage's mesh
    (replicated, as after Megatron's row-parallel layer) to the receiving stage's mesh (replicated),
-   planned with the broadcast strategy and timed by :func:`meshcast.estimate.simulate.simulate`
-   (or, where that module is missing, a bandwidth model: busiest host NIC bytes / NIC speed +
-   latency).
+   planned with the broadcast strategy and timed by :func:`meshcast.estimate.simulate.simulate`.
    Compute times: FLOPs of each stage's forward and backward counted by
    ``torch.utils.flop_counter`` on the meta device (no memory, no compute), divided by
    ``--tflops`` per GPU times the GPUs of a stage. An estimate, not a measurement.
@@ -22,38 +20,36 @@
 ``--cluster N`` runs the real pipeline runtime (:mod:`meshcast.pipeline.runtime`): ``N`` stages,
 one emulated host each (docs/cluster.md: a network namespace per host, NIC shaped with ``tc`` to
 ``--nic-gbit``), ``--ranks-per-host`` ranks per host, tensor-parallel inside a stage. Both models
-(sizes in :func:`cluster_jobs`) are trained with every strategy x {1F1B, eager-1F1B}, GPipe
-(broadcast) and the free-communication bound (every boundary tensor replaced by a 1-byte message)
-of each schedule; it prints samples/s and the peak activation memory of each stage. Without root
-(no namespaces) it runs on loopback instead, hosts emulated for planning only, and says so.
+(sizes in :func:`meshcast.bench.pipeline_runs.cluster_jobs`) are trained with every strategy x
+{1F1B, eager-1F1B}, GPipe (broadcast) and the free-communication bound (every boundary tensor
+replaced by a 1-byte message) of each schedule; it prints samples/s and the peak activation
+memory of each stage. Without root (no namespaces) it runs on loopback instead, hosts emulated
+for planning only, and says so.
 
-A benchmark, not a test: it prints figures, it asserts nothing.
+A benchmark, not a test: it prints figures, it asserts nothing. The library code is in
+:mod:`meshcast.bench.pipeline_sim` and :mod:`meshcast.bench.pipeline_runs`; this module parses
+arguments and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from ..core.layout import Layout
-from ..core.mesh import Mesh
-from ..core.task import ReshardTask
-from ..core.topology import Topology
-from ..core.units import GBIT
-from ..pipeline import SCHEDULES, Link, StageGraph, chain_links, schedule, simulate_pipeline
-from ..planning.planner import plan
+from ..bench.pipeline_runs import CLUSTER_RUNS, cluster_jobs, job_notes, run_cluster_jobs
+from ..bench.pipeline_sim import (
+    COLUMNS,
+    TIMER,
+    gpt_case,
+    model_rows,
+    step_times,
+    utransformer_case,
+)
+from ..pipeline import SCHEDULES, chain_links, schedule
 from .common import comma_list, integer, number, numbers, working
 
-COLUMNS: tuple[tuple[str, bool], ...] = (
-    ("gpipe", True),
-    ("1f1b", False),
-    ("1f1b", True),
-    ("eager_1f1b", False),
-    ("eager_1f1b", True),
-)
-"""(schedule, overlap of forward sends) pairs shown; 1F1B without overlap is the baseline."""
+__all__ = ["CLUSTER_RUNS", "COLUMNS", "add_arguments", "run", "run_cluster", "step_times"]
+
 MODELS = ("gpt", "utransformer")
 """Models of ``--cluster``."""
 
@@ -91,135 +87,6 @@ def _label(name: str, overlap: bool) -> str:
     return {"gpipe": "GPipe", "1f1b": "1F1B", "eager_1f1b": "eager-1F1B"}[name] + (
         " +overlap" if overlap else ""
     )
-
-
-def step_times(
-    num_stages: int,
-    num_microbatches: int,
-    forward_s: float | Sequence[float],
-    backward_s: float | Sequence[float],
-    links: Sequence[Link],
-) -> dict[tuple[str, bool], float]:
-    """Simulated step time of every (schedule, overlap) pair of :data:`COLUMNS`."""
-    return {
-        (name, ov): simulate_pipeline(
-            schedule(name, num_stages, num_microbatches), forward_s, backward_s, links,
-            overlap=ov,
-        ).step_s
-        for name, ov in COLUMNS
-    }
-
-
-# -- boundary transfer times from real plans ------------------------------------------------------
-def _bandwidth_time(p, topology: Topology) -> float:
-    """Fallback model: bytes through the busiest host NIC direction / its speed, plus latency."""
-    worst = 0.0
-    for h, (out, inn) in p.bytes_per_host().items():
-        out_bw = topology.nic_out_gbps[h] * topology.nics_per_host[h] * GBIT
-        in_bw = topology.nic_in_gbps[h] * topology.nics_per_host[h] * GBIT
-        worst = max(worst, out / out_bw, inn / in_bw)
-    return worst + topology.latency_us * 1e-6
-
-
-def _timer() -> tuple[str, Callable]:
-    try:
-        from ..estimate.simulate import simulate
-    except ImportError:
-        return "bandwidth model (meshcast.simulate missing)", _bandwidth_time
-    return "meshcast.simulate of broadcast plans", lambda p, top: simulate(p, top).time_s
-
-
-def boundary_links(graph: StageGraph, devices_per_stage: int, topology: Topology,
-                   timer: Callable) -> tuple[Link, ...]:
-    """Links of ``graph`` for stages placed on consecutive meshes of ``(1, devices_per_stage)``
-    ranks; each edge timed by planning its resharding (replicated to replicated) and ``timer``."""
-    meshes = [Mesh.from_range(i * devices_per_stage, (1, devices_per_stage))
-              for i in range(graph.num_stages)]
-
-    def seconds(edge) -> float:
-        spec = "R" * len(edge.shape)
-        task = ReshardTask(edge.shape, edge.dtype, Layout(meshes[edge.src], spec),
-                           Layout(meshes[edge.dst], spec))
-        return timer(plan(task, topology, strategy="broadcast"), topology)
-
-    return graph.links(seconds)
-
-
-@dataclass(frozen=True)
-class ModelCase:
-    """A model split into pipeline stages, one host of ``devices`` GPUs per stage."""
-
-    label: str  # "<model> <stages>x<GPUs per stage>"
-    num_stages: int
-    devices: int
-    build: Callable  # () -> (stages, graph, example inputs per stage)
-    note: str = ""
-
-
-def _gpt_case(num_stages: int) -> ModelCase:
-    from ..models import gpt
-
-    config = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=24, n_head=16, n_embd=2048)
-    batch, seq = 8, 1024
-    # balanced by FLOPs: the head (2048 x 50304) costs about 2 blocks, so the last stage has fewer
-    layers = [7, 6, 6, 5] if num_stages == 4 else None
-
-    def build():
-        import torch
-
-        model = gpt.GPT(config, seed=None)
-        graph = gpt.stage_graph(config, num_stages, batch, seq, "bfloat16")
-        return gpt.split_stages(model, num_stages, layers), graph, {
-            "idx": torch.zeros(batch, seq, dtype=torch.long)}
-
-    return ModelCase(f"GPT {num_stages}x4", num_stages, 4, build,
-                     f"blocks per stage {layers} (the last stage also runs the vocabulary head), "
-                     f"microbatch {batch} x {seq} tokens")
-
-
-def _utransformer_case() -> ModelCase:
-    from ..models import utransformer
-
-    config = utransformer.UTransformerConfig(
-        in_dim=16, dim=384, levels=3, blocks_per_level=2, n_head=6, seq_len=1024
-    )
-    batch = 8
-
-    def build():
-        import torch
-
-        model = utransformer.UTransformer(config, seed=None)
-        graph = utransformer.stage_graph(config, 2, batch, "bfloat16")
-        return utransformer.split_stages(model, 2), graph, {
-            "x": torch.zeros(batch, config.seq_len, config.in_dim)}
-
-    return ModelCase("U-Transformer 2x4", 2, 4, build,
-                     f"units per stage {utransformer.split_units(config.levels, 2)}, microbatch "
-                     f"{batch} x {config.seq_len} tokens")
-
-
-def stage_flops(case: ModelCase) -> tuple[list[float], list[float], StageGraph, int]:
-    """Forward and backward FLOPs of each stage for one microbatch, and the graph and params."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.device("meta"):
-        stages, graph, data = case.build()
-        fwd, bwd = [], []
-        for i, stage in enumerate(stages):
-            inputs = {a: data[a] for a, s in graph.inputs if s == i}
-            for e in graph.receives(i):
-                inputs[e.name] = torch.zeros(e.shape, requires_grad=True)
-            counter = FlopCounterMode(display=False)
-            with counter:
-                out = stage(inputs)
-            fwd.append(float(counter.get_total_flops()))
-            counter = FlopCounterMode(display=False)
-            with counter:
-                sum(t.float().sum() for t in out.values()).backward()
-            bwd.append(float(counter.get_total_flops()))
-        params = sum(p.numel() for s in stages for p in s.parameters())
-    return fwd, bwd, graph, params
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -262,16 +129,19 @@ def run(args: argparse.Namespace) -> int:
         sweep.add_row(f"{r:g}", *_cells(times, 1.0, ".2f"))
     console.print(sweep)
 
-    how, timer = _timer()
     models = _table(
         f"Models, {m} microbatches, one host of 4 GPUs per stage, {args.tflops:g} TFLOP/s per "
-        f"GPU; boundary times: {how} (step time in ms)",
+        f"GPU; boundary times: {TIMER} (step time in ms)",
         ["model", "NIC Gbit/s", "fwd ms/mb", "xfer ms/mb"],
     )
     notes = []
     with working("meshcast bench pipeline: model rows (FLOP counts, plans)"):
-        for case in (_gpt_case(4), _utransformer_case()):
-            notes.append(_model_rows(models, case, m, args.tflops, args.gbps, timer))
+        for case in (gpt_case(4), utransformer_case()):
+            rows, note = model_rows(case, m, args.tflops, args.gbps)
+            for row in rows:
+                models.add_row(row["model"], row["nic"], f"{row['forward_s'] * 1e3:.1f}",
+                               f"{row['transfer_s'] * 1e3:.1f}", *_cells(row["times"], 1e3, ".0f"))
+            notes.append(note)
     console.print(models)
     console.print(
         "fwd ms/mb: forward of the slowest stage per microbatch (backward: about 2x); xfer ms/mb: "
@@ -283,133 +153,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_rows(table, case: ModelCase, m: int, tflops: float, gbps_list: Sequence[float],
-                timer: Callable) -> str:
-    """Add ``case``'s rows (one per NIC speed, and free communication) to ``table``; return its
-    note."""
-    fwd_flops, bwd_flops, graph, params = stage_flops(case)
-    sends = "; ".join(
-        f"stage {i} sends " + ", ".join(f"{e.name}{list(e.shape)}" for e in graph.sends(i))
-        for i in range(graph.num_stages - 1)
-    )
-    per_stage = case.devices * tflops * 1e12
-    fwd = [f / per_stage for f in fwd_flops]
-    bwd = [f / per_stage for f in bwd_flops]
-    for text, gbps in [(f"{g:g}", g) for g in gbps_list] + [("free", None)]:
-        if gbps is None:
-            links = graph.links(lambda e: 0.0)
-        else:
-            top = Topology.uniform(case.num_stages, case.devices, nic_gbps=gbps,
-                                   intra_gbps=800.0, latency_us=30.0)
-            links = boundary_links(graph, case.devices, top, timer)
-        per_pair: dict[tuple[int, int], float] = {}
-        for link in links:
-            key = (link.src, link.dst)
-            per_pair[key] = per_pair.get(key, 0.0) + link.activation_s
-        times = step_times(case.num_stages, m, fwd, bwd, links)
-        table.add_row(
-            case.label, text, f"{max(fwd) * 1e3:.1f}",
-            f"{max(per_pair.values(), default=0.0) * 1e3:.1f}", *_cells(times, 1e3, ".0f"),
-        )
-    return (f"{case.label}: {params / 1e9:.2f}B parameters, {case.note}; per microbatch "
-            f"(bfloat16): {sends}")
-
-
-# -- real runs on the emulated cluster ------------------------------------------------------------
-CLUSTER_RUNS: tuple[tuple[str, str, bool], ...] = (
-    ("send_recv", "1f1b", False),
-    ("send_recv", "eager_1f1b", False),
-    ("allgather", "1f1b", False),
-    ("allgather", "eager_1f1b", False),
-    ("broadcast", "1f1b", False),
-    ("broadcast", "eager_1f1b", False),
-    ("broadcast", "gpipe", False),
-    ("free", "1f1b", True),
-    ("free", "eager_1f1b", True),
-    ("free", "gpipe", True),
-)
-"""(strategy, schedule, free communication) of each measured run; send_recv + 1F1B is the
-baseline."""
-
-
-def cluster_jobs(num_stages: int, ranks_per_host: int, microbatches: int, steps: int,
-                 nic_gbit: float, models: Sequence[str]) -> list:
-    """The runs of ``--cluster``: both models, sized so that on 2 shared CPU cores a boundary
-    transfer at 1 Gbit/s takes about as long as a stage's compute of one microbatch."""
-    from ..models import gpt, utransformer
-    from ..training.training import TrainJob
-
-    configs = {
-        # 1 block per stage (n_layer = stages), 64 wide, 256 tokens: per microbatch of 8
-        # sequences the hidden state is 512 KiB
-        "gpt": (gpt.GPTConfig(vocab_size=64, block_size=256, n_layer=num_stages, n_head=2,
-                              n_embd=64), 8),
-        # 2 levels, 32 wide at 256 tokens; on 2 stages the first sends hidden (8, 64, 128) and
-        # the skips (8, 256, 32), (8, 128, 64): 768 KiB per microbatch of 8
-        "utransformer": (utransformer.UTransformerConfig(in_dim=16, dim=32, levels=2, n_head=2,
-                                                         seq_len=256), 8),
-    }
-    ranks = tuple(tuple(range(i * ranks_per_host, (i + 1) * ranks_per_host))
-                  for i in range(num_stages))
-    jobs = []
-    for model in models:
-        config, per_mb = configs[model]
-        for strategy, sched, free in CLUSTER_RUNS:
-            jobs.append(TrainJob(
-                model, config, ranks, sched, "broadcast" if free else strategy,
-                batch_size=per_mb * microbatches, num_microbatches=microbatches, steps=steps,
-                lr=0.01, free_communication=free, timeout=120.0, nic_gbps=nic_gbit,
-                label=f"{model}|{strategy}|{sched}",
-            ))
-    return jobs
-
-
-def _run_jobs_on_cluster(jobs: list, hosts: int, ranks_per_host: int, nic_gbit: float,
-                         timeout: float) -> tuple[list[list[dict]], str]:
-    """Run ``jobs`` on an emulated cluster (or on loopback without root, where communication is
-    nearly free): per-rank results and a sentence saying where they ran."""
-    from ..interop.cluster_job import run_job
-    from ..training.training import run_jobs
-
-    return run_job(run_jobs, hosts * ranks_per_host, ranks_per_host, nic_gbit=nic_gbit,
-                   args=(jobs, False), timeout=timeout, name=f"mc-pipe{os.getpid() % 100000}")
-
-
 def run_cluster(args: argparse.Namespace) -> int:
     """``--cluster N``: measured samples/s of every run of :data:`CLUSTER_RUNS`."""
-    import statistics
     import time
 
     from rich.console import Console
-    from rich.table import Table
+
+    from ..bench.pipeline_runs import summarise_runs
 
     hosts, per_host = args.cluster, args.ranks_per_host
     m = args.microbatches or 8
-    models = args.models
-    jobs = cluster_jobs(hosts, per_host, m, args.steps, args.nic_gbit, models)
+    jobs = cluster_jobs(hosts, per_host, m, args.steps, args.nic_gbit, args.models)
     start = time.monotonic()
     with working(f"meshcast bench pipeline: {len(jobs)} training runs on {hosts * per_host} "
                  "ranks"):
-        results, where = _run_jobs_on_cluster(jobs, hosts, per_host, args.nic_gbit,
-                                              timeout=60.0 + 60.0 * len(jobs))
+        results, where = run_cluster_jobs(jobs, hosts, per_host, args.nic_gbit,
+                                          timeout=60.0 + 60.0 * len(jobs))
     wall = time.monotonic() - start
-    rows: dict[tuple[str, str, str], dict] = {}
-    for k, job in enumerate(jobs):
-        per_rank = [results[r][k] for r in range(len(results))]
-        # step time: the slowest rank's, each step starting at a barrier; first step not timed
-        steps = [max(p["seconds"][s] for p in per_rank) for s in range(1, job.steps)]
-        step_s = statistics.median(steps)
-        peaks = {}
-        for p in per_rank:
-            peaks[p["stage"]] = max(peaks.get(p["stage"], 0), p["peak_activation_bytes"])
-        model, strategy, sched = job.label.split("|")
-        rows[(model, strategy, sched)] = {
-            "samples": job.batch_size / step_s, "step_s": step_s,
-            "peaks": [peaks[i] for i in range(job.num_stages)], "job": job,
-        }
+    rows = summarise_runs(jobs, results)
     console = Console(width=160)
-    table = Table(title=f"Measured: {hosts} stages x {per_host} ranks (tensor-parallel), {m} "
-                  f"microbatches; {where}", title_justify="left")
+    console.print(_measured_table(rows, f"Measured: {hosts} stages x {per_host} ranks "
+                                        f"(tensor-parallel), {m} microbatches; {where}"))
+    console.print(
+        "free: every boundary tensor replaced by a 1-byte message (signal send/recv), the "
+        "receivers compute on stand-in tensors.\n"
+        f"Step time: median over steps 2..{args.steps} of the slowest rank, every step starting "
+        "at a barrier. Peak activations: bytes autograd saves for the microbatches a stage holds "
+        "at once (parameters excluded).\n"
+        + "\n".join(job_notes(rows, args.models)) + f"\nWall time of the whole run: {wall:.0f} s."
+    )
+    return 0
+
+
+def _measured_table(rows: dict, title: str):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
     for name in ("model", "strategy", "schedule", "samples/s", "step ms",
                  "vs send_recv+1F1B", "vs free (same schedule)",
                  "peak activations per stage (MiB)"):
@@ -422,24 +201,4 @@ def run_cluster(args: argparse.Namespace) -> int:
             f"{row['samples'] / base:.2f}x", f"{row['samples'] / free:.2f}",
             ", ".join(f"{b / 2**20:.1f}" for b in row["peaks"]),
         )
-    console.print(table)
-    notes = []
-    for model in models:
-        job = rows[(model, "send_recv", "1f1b")]["job"]
-        from ..training.training import stage_graph
-
-        graph = stage_graph(job)
-        sends = "; ".join(
-            f"stage {i} sends " + ", ".join(f"{e.name}{list(e.shape)}" for e in graph.sends(i))
-            for i in range(graph.num_stages - 1))
-        notes.append(f"{model}: {job.config}; microbatch {job.microbatch_size} sequences, "
-                     f"float32: {sends}")
-    console.print(
-        "free: every boundary tensor replaced by a 1-byte message (signal send/recv), the "
-        "receivers compute on stand-in tensors.\n"
-        f"Step time: median over steps 2..{args.steps} of the slowest rank, every step starting "
-        "at a barrier. Peak activations: bytes autograd saves for the microbatches a stage holds "
-        "at once (parameters excluded).\n"
-        + "\n".join(notes) + f"\nWall time of the whole run: {wall:.0f} s."
-    )
-    return 0
+    return table

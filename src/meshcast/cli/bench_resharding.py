@@ -36,7 +36,8 @@ import time
 from typing import Any
 
 from ..bench import resharding as rb
-from ..core.topology import EMULATED_INTRA_GBPS, PRESETS
+from ..cluster.names import INTRA_GBPS
+from ..core.topology import PRESETS
 from .common import UsageError, choice, comma_list, integer, number, output_dir
 
 DEFAULT_OUT = "meshcast-bench-resharding"
@@ -175,7 +176,6 @@ def run(args: argparse.Namespace) -> int:
             print(rb.markdown_report(json.load(f)))
         return 0
     console = Console(width=170)
-    methods = args.methods
     keys = [k.strip() for k in args.cases.split(",") if k.strip()]
     if args.topology and not args.simulate:
         raise UsageError("--topology goes with --simulate (measured runs use the emulated hosts)")
@@ -185,12 +185,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--cases: {exc}") from None
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, "resharding.json")
-
     if args.simulate:
-        return _run_simulated(args, console, methods, keys, json_path)
+        return _run_simulated(args, console, args.methods, keys, json_path)
+    return _run_measured(args, console, keys, json_path)
 
-    nbytes = rb.parse_size(args.size)
-    cases = rb.suite_cases(args.suite, nbytes, keys)
+
+def _measured_cases(args: argparse.Namespace, console, keys: list[str]
+                    ) -> tuple[list[rb.BenchCase], bool, str]:
+    """(the cases to run, on an emulated cluster?, the mode's description)."""
+    cases = rb.suite_cases(args.suite, rb.parse_size(args.size), keys)
     use_cluster = False
     note = ""
     if not args.loopback:
@@ -217,15 +220,15 @@ def run(args: argparse.Namespace) -> int:
     )
     if note:
         console.print(f"[yellow]note: {note}")
+    return cases, use_cluster, mode
+
+
+def _run_measured(args: argparse.Namespace, console, keys: list[str], json_path: str) -> int:
+    cases, use_cluster, mode = _measured_cases(args, console, keys)
+    methods = args.methods
     import torch  # noqa: F401  (fail early without torch)
 
-    total_runs = 0
-    for c in cases:
-        topo = c.topology(
-            args.nic_gbit * rb.PAYLOAD_FRACTION, EMULATED_INTRA_GBPS, rb.PLAN_LATENCY_US
-        )
-        run_list = rb.job_methods(c, methods, topo)[0]
-        total_runs += len(run_list) * (args.warmup + args.reps)
+    total_runs = rb.count_runs(cases, methods, args.reps, args.warmup, args.nic_gbit)
     estimate = rb.estimate_s(cases, methods, args.reps, args.warmup, args.nic_gbit)
     console.print(
         f"resharding bench: {len(cases)} cases x {len(methods)} methods, {mode}, "
@@ -239,8 +242,32 @@ def run(args: argparse.Namespace) -> int:
     meta = _meta(args, mode)
     meta["estimate_s"] = estimate
     t0 = time.monotonic()
-    corrupt = os.environ.get(rb.CORRUPT_ENV) or None
+    results = _run_with_bar(args, console, cases, use_cluster, total_runs)
+    meta["duration_s"] = time.monotonic() - t0
+    meta["load_avg_after"] = rb.load_avg()
+    meta["size_bytes"] = rb.parse_size(args.size)
+    rows = results["rows"]
+    for suite in ("1-to-m", "n-to-m"):
+        part = [r for r in rows if r["suite"] == suite]
+        if part:
+            console.print(_table(part, f"{suite}, measured ({mode}); median of {args.reps}", True))
+    cross = [p["cross_gbps"] for p in results["probes"].values() if "cross_gbps" in p]
+    if cross:
+        console.print(
+            f"link probe (payload, host 0 -> 1, per job): {min(cross):.3f} .. "
+            f"{max(cross):.3f} Gbit/s; the simulated times and the lower bounds use "
+            "each job's probe (cross-host, intra-host and latency)"
+        )
+    with open(json_path, "w") as f:
+        f.write(rb.dumps({"meta": meta, **results}))
+    made = [] if args.no_plots else _plots(rows, args.out, "", mode)
+    console.print(f"wrote {json_path}" + "".join(f", {p}" for p in made))
+    console.print(f"took {meta['duration_s'] / 60:.1f} min (estimated {estimate / 60:.1f})")
+    return _report_failures(console, results["failures"])
 
+
+def _run_with_bar(args: argparse.Namespace, console, cases: list[rb.BenchCase],
+                  use_cluster: bool, total_runs: int) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -251,46 +278,27 @@ def run(args: argparse.Namespace) -> int:
         console=console,
     ) as bar:
         task_id = bar.add_task("resharding", total=total_runs)
-        results = rb.run_suite(
+        return rb.run_suite(
             cases,
-            methods,
+            args.methods,
             cluster=use_cluster,
             nic_gbit=args.nic_gbit,
             reps=args.reps,
             warmup=args.warmup,
-            corrupt=corrupt,
+            corrupt=os.environ.get(rb.CORRUPT_ENV) or None,
             timeout=args.timeout,
             progress=lambda n: bar.update(task_id, completed=n),
             log=console.print,
         )
-    meta["duration_s"] = time.monotonic() - t0
-    meta["load_avg_after"] = rb.load_avg()
-    meta["size_bytes"] = nbytes
-    rows = results["rows"]
-    for suite in ("1-to-m", "n-to-m"):
-        part = [r for r in rows if r["suite"] == suite]
-        if part:
-            console.print(_table(part, f"{suite}, measured ({mode}); median of {args.reps}", True))
-    probes = results["probes"]
-    cross = [p["cross_gbps"] for p in probes.values() if "cross_gbps" in p]
-    if cross:
+
+
+def _report_failures(console, failures: list[dict[str, Any]]) -> int:
+    if failures:
         console.print(
-            f"link probe (payload, host 0 -> 1, per job): {min(cross):.3f} .. "
-            f"{max(cross):.3f} Gbit/s; the simulated times and the lower bounds use "
-            "each job's probe (cross-host, intra-host and latency)"
-        )
-    document = {"meta": meta, **results}
-    with open(json_path, "w") as f:
-        f.write(rb.dumps(document))
-    made = [] if args.no_plots else _plots(rows, args.out, "", mode)
-    console.print(f"wrote {json_path}" + "".join(f", {p}" for p in made))
-    console.print(f"took {meta['duration_s'] / 60:.1f} min (estimated {estimate / 60:.1f})")
-    if results["failures"]:
-        console.print(
-            f"[bold red]{len(results['failures'])} run(s) FAILED (wrong data or a "
+            f"[bold red]{len(failures)} run(s) FAILED (wrong data or a "
             "failed job); they are not reported:"
         )
-        for f in results["failures"]:
+        for f in failures:
             console.print(f"[bold red]  {f['case']} {f['method']}: {f['error']}")
         return 3
     console.print("every run's data was checked exactly on every receiving rank")
@@ -310,11 +318,11 @@ def _run_simulated(
         gbps = args.nic_gbit * rb.PAYLOAD_FRACTION
 
         def topo_of(c: rb.BenchCase):
-            return c.topology(gbps, EMULATED_INTRA_GBPS, rb.PLAN_LATENCY_US)
+            return c.topology(gbps, INTRA_GBPS, rb.PLAN_LATENCY_US)
 
         what = (
-            f"simulated, emulated cluster's links ({gbps:.3f} Gbit/s payload, 20 Gbit/s "
-            f"inside, {rb.PLAN_LATENCY_US:g} us), {rb.parse_size(args.size) / 2**20:g} MiB"
+            f"simulated, emulated cluster's links ({gbps:.3f} Gbit/s payload, {INTRA_GBPS:g} "
+            f"Gbit/s inside, {rb.PLAN_LATENCY_US:g} us), {rb.parse_size(args.size) / 2**20:g} MiB"
         )
         tag = "-sim"
     rows = rb.simulated_rows(cases, methods, topo_of)

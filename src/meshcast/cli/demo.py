@@ -139,9 +139,9 @@ def demo_rank(rank: int, mib: int, reps: int) -> dict[str, Any]:
 def run_real(args: argparse.Namespace, console: Console) -> int:
     """The real run: start the 16 ranks, print the measured table."""
     from ..cluster import INTRA_GBPS
+    from ..cluster.job import run_on_emulated_hosts
     from ..core.topology import Topology
     from ..estimate.lower_bound import lower_bound
-    from ..interop.cluster_job import run_job
 
     task = demo_task(args.mib)
     console.print(
@@ -151,9 +151,10 @@ def run_real(args: argparse.Namespace, console: Console) -> int:
     )
     start = time.monotonic()
     with working(f"meshcast demo: {WORLD} ranks x {len(RUN_STRATEGIES)} strategies"):
-        results, where = run_job(demo_rank, WORLD, PER_HOST, nic_gbit=args.nic_gbit,
-                                 args=(args.mib, args.reps), timeout=600, loopback=args.loopback,
-                                 name=f"mc-demo{os.getpid() % 100000}")
+        results, where = run_on_emulated_hosts(
+            demo_rank, WORLD, PER_HOST, nic_gbit=args.nic_gbit, args=(args.mib, args.reps),
+            timeout=600, loopback=args.loopback, name=f"mc-demo{os.getpid() % 100000}",
+        )
     wall = time.monotonic() - start
     bound = lower_bound(task, Topology.uniform(HOSTS, PER_HOST, nic_gbps=args.nic_gbit,
                                                intra_gbps=INTRA_GBPS, latency_us=0.0))

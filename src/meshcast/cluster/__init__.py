@@ -11,25 +11,17 @@ link shaped with ``tc`` in both directions; processes of a host run inside its n
         topo = cluster.topology(devices_per_host=2)                    # a meshcast.Topology
         codes = run_torchrun(cluster, 2, ["train.py"], timeout=300)    # torchrun on every host
 
-Needs root and iproute2; free of torch. See docs/cluster.md.
+:func:`run_on_emulated_hosts` runs ``meshcast.launch`` on a fresh cluster (loopback without root).
+
+Needs root and iproute2; importing it loads no torch. See docs/cluster.md.
 """
 
 from ._net import PREFIX, ClusterError
-from .cluster import (
-    DEFAULT_NAME,
-    IFACE,
-    INTRA_GBPS,
-    SUBNET,
-    Cluster,
-    ClusterWarning,
-    LinkShaping,
-    available,
-    down,
-    down_all,
-    list_clusters,
-    netem_available,
-    nic_tx_bytes,
-)
+from .cluster import Cluster, ClusterWarning, down, down_all, nic_tx_bytes
+from .job import run_on_emulated_hosts
+from .names import DEFAULT_NAME, IFACE, INTRA_GBPS, SUBNET, list_clusters
+from .probe import available, netem_available
+from .shaping import LinkShaping
 from .spawn import free_port, rank_env, spawn_in_host, start_job, wait_job
 from .torchrun import (
     run_torchrun,
@@ -57,6 +49,7 @@ __all__ = [
     "netem_available",
     "nic_tx_bytes",
     "rank_env",
+    "run_on_emulated_hosts",
     "run_torchrun",
     "spawn_in_host",
     "start_job",

@@ -14,7 +14,9 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -22,6 +24,8 @@ __all__ = [
     "PREFIX",
     "ClusterError",
     "delete_netns",
+    "exec_in_netns",
+    "free_port_in_netns",
     "ip",
     "ip_json",
     "list_netns",
@@ -157,3 +161,25 @@ def delete_netns(name: str, *, kill: bool = True, timeout: float = 5.0) -> None:
     ip("netns", "delete", name, check=False)
     if name in list_netns():
         raise ClusterError(f"namespace {name!r} could not be deleted")
+
+
+def exec_in_netns(
+    netns: str, argv: Sequence[str], env: Mapping[str, str], **popen_kwargs: Any
+) -> subprocess.Popen:
+    """Start ``argv`` inside namespace ``netns`` (``ip netns exec``) with exactly ``env``; return
+    its Popen. ``ip netns exec`` execs ``argv`` in place, so the pid is the program's own."""
+    return subprocess.Popen([_tool("ip"), "netns", "exec", netns, *map(str, argv)], env=dict(env),
+                            **popen_kwargs)
+
+
+def free_port_in_netns(netns: str, timeout: float = 15.0) -> int:
+    """A TCP port the kernel reports free inside namespace ``netns``."""
+    code = "import socket;s=socket.socket();s.bind(('',0));print(s.getsockname()[1])"
+    try:
+        out = subprocess.run(
+            [_tool("ip"), "netns", "exec", netns, sys.executable, "-c", code],
+            capture_output=True, text=True, timeout=timeout, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError) as exc:
+        raise ClusterError(f"could not find a free port in {netns}: {exc}") from None
+    return int(out.strip())

@@ -22,28 +22,35 @@ Layout (``name`` defaults to ``"mc"``; every namespace name starts with ``mc-``)
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
-import re
-import sys
+import subprocess
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..core.topology import EMULATED_INTRA_GBPS
-from ..core.units import GBIT
 from ._net import (
-    PREFIX,
     ClusterError,
     delete_netns,
+    exec_in_netns,
+    free_port_in_netns,
     ip,
     ip_json,
-    list_netns,
     netns_pids,
-    tc,
-    tc_json,
 )
+from .names import (
+    BRIDGE,
+    DEFAULT_NAME,
+    IFACE,
+    INTRA_GBPS,
+    MAX_HOSTS,
+    NETNS_RE,
+    SUBNET,
+    check_name,
+    list_clusters,
+)
+from .probe import available, netem_available, require_available
+from .shaping import LinkShaping, read_shaping, shape_link
 
 if TYPE_CHECKING:
     from ..core.topology import Topology
@@ -52,184 +59,23 @@ __all__ = [
     "DEFAULT_NAME",
     "IFACE",
     "INTRA_GBPS",
+    "MAX_HOSTS",
     "SUBNET",
     "Cluster",
     "ClusterWarning",
     "LinkShaping",
     "available",
+    "check_name",
+    "down",
+    "down_all",
     "list_clusters",
     "netem_available",
     "nic_tx_bytes",
 ]
 
-#: Name of the default cluster (``meshcast cluster up`` without ``--name``).
-DEFAULT_NAME = "mc"
-#: The private /24 used for host addresses; host ``h`` is ``SUBNET.(h+1)``. Only ever configured
-#: inside our own namespaces, so it cannot clash with the machine's networks.
-SUBNET = "10.213.0"
-#: The interface of each host namespace (what ``GLOO_SOCKET_IFNAME`` names).
-IFACE = "mc0"
-#: Bridge inside the switch namespace.
-BRIDGE = "br0"
-#: Intra-host bandwidth used by :meth:`Cluster.topology` (Gbit/s):
-#: :data:`meshcast.core.topology.EMULATED_INTRA_GBPS`.
-INTRA_GBPS = EMULATED_INTRA_GBPS
-#: Largest cluster: one /24.
-MAX_HOSTS = 250
-
-_NAME_RE = re.compile(r"^mc(-[a-z0-9]+)*$")
-_NETNS_RE = re.compile(r"^(mc(?:-[a-z0-9]+)*)-(sw|h(\d+))$")
-_RESERVED = re.compile(r"^(sw|h\d+)$")
-
 
 class ClusterWarning(UserWarning):
     """Part of the requested emulation is not available on this kernel (e.g. netem)."""
-
-
-@dataclass(frozen=True)
-class LinkShaping:
-    """What tc has configured on one direction of one host link (read back from the kernel)."""
-
-    device: str
-    netns: str
-    rate_gbit: float
-    burst_bytes: int
-    delay_ms: float
-    qdiscs: tuple[str, ...]
-
-
-# -- availability --------------------------------------------------------------------------------
-_NETEM: dict[str, bool] = {}
-
-
-@functools.lru_cache(maxsize=1)
-def available() -> tuple[bool, str]:
-    """Whether emulated clusters can be built here, and why not if they cannot.
-
-    Checks Linux, root, ``ip``/``tc``, then really creates (and deletes) a probe namespace holding a
-    veth pair, a bridge and a ``tbf`` qdisc. Also probes ``netem`` (see :func:`netem_available`).
-    The answer is cached for the process.
-    """
-    if not sys.platform.startswith("linux"):
-        return False, f"network namespaces need Linux (this is {sys.platform})"
-    if os.geteuid() != 0:
-        return False, "not root: creating network namespaces needs root (CAP_SYS_ADMIN, NET_ADMIN)"
-    probe = f"{PREFIX}probe-{os.getpid()}"
-    try:
-        ip("-V")
-        tc("-V")
-    except ClusterError as exc:
-        return False, str(exc)
-    try:
-        try:
-            ip("netns", "add", probe)
-        except ClusterError as exc:
-            return False, f"network namespaces are unavailable: {exc}"
-        try:
-            ip("link", "add", "p0", "type", "veth", "peer", "name", "p1", netns=probe)
-        except ClusterError as exc:
-            return False, f"veth interfaces are unavailable: {exc}"
-        try:
-            ip("link", "add", BRIDGE, "type", "bridge", netns=probe)
-        except ClusterError as exc:
-            return False, f"bridges are unavailable: {exc}"
-        try:
-            tc("qdisc", "add", "dev", "p0", "root", "tbf", "rate", "1gbit", "burst", "128k",
-               "latency", "20ms", netns=probe)
-        except ClusterError as exc:
-            return False, f"the tbf traffic shaper is unavailable: {exc}"
-        try:
-            tc("qdisc", "add", "dev", "p1", "root", "netem", "delay", "1ms", netns=probe)
-            _NETEM["ok"] = True
-        except ClusterError:
-            _NETEM["ok"] = False
-        return True, "network namespaces, veth, bridge and tbf work" + (
-            "" if _NETEM["ok"] else "; netem is missing, so latency is not emulated"
-        )
-    finally:
-        with contextlib.suppress(ClusterError):
-            delete_netns(probe, kill=False)
-
-
-def netem_available() -> bool:
-    """Whether the kernel has ``sch_netem`` (needed to add latency); probed by :func:`available`."""
-    ok, _ = available()
-    return ok and _NETEM.get("ok", False)
-
-
-def _require() -> None:
-    ok, reason = available()
-    if not ok:
-        raise ClusterError(f"cannot build an emulated cluster here: {reason}")
-
-
-def check_name(name: str) -> str:
-    """Validate a cluster name: ``mc`` or ``mc-`` followed by lowercase words joined by ``-``."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > 48:
-        raise ValueError(
-            f"cluster name {name!r} must be 'mc' or start with 'mc-' (lowercase letters, digits "
-            "and '-', at most 48 characters)"
-        )
-    if _RESERVED.match(name.rsplit("-", 1)[-1]) and name != DEFAULT_NAME:
-        raise ValueError(f"cluster name {name!r} must not end in '-sw' or '-h<digits>'")
-    return name
-
-
-def list_clusters() -> dict[str, list[str]]:
-    """``{cluster name: [its namespaces]}`` for every namespace of ours (``mc-*``) that exists.
-
-    Probe namespaces (``mc-probe-<pid>``) left by a crash are listed under their own name.
-    """
-    groups: dict[str, list[str]] = {}
-    for ns in list_netns():
-        if not ns.startswith(PREFIX):
-            continue
-        m = _NETNS_RE.match(ns)
-        groups.setdefault(m.group(1) if m else ns, []).append(ns)
-    return groups
-
-
-def _rate_arg(gbit: float) -> str:
-    return f"{round(gbit * 1e9)}bit"
-
-
-def _burst_bytes(gbit: float) -> int:
-    # One millisecond of traffic, and at least two 64 KiB GSO segments, so that tbf neither
-    # splits the veth's GSO packets nor starves at high rates.
-    return max(2 * 65536, round(gbit * GBIT / 1000))
-
-
-def _shape(netns: str, dev: str, gbit: float, delay_ms: float) -> None:
-    tbf = ["tbf", "rate", _rate_arg(gbit), "burst", str(_burst_bytes(gbit)), "latency", "20ms"]
-    if delay_ms > 0:
-        tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
-           f"{round(delay_ms * 1000)}us", netns=netns)
-        tc("qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf, netns=netns)
-    else:
-        tc("qdisc", "add", "dev", dev, "root", "handle", "1:", *tbf, netns=netns)
-
-
-_DELAY_RE = re.compile(r"\bdelay (\d+(?:\.\d+)?)(s|ms|us|ns)\b")
-_UNIT_MS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
-
-
-def read_shaping(netns: str, dev: str) -> LinkShaping:
-    """Read the tbf rate and netem delay configured on ``dev`` in ``netns`` back from the kernel."""
-    qdiscs = tc_json("qdisc", "show", "dev", dev, netns=netns)
-    kinds = tuple(q.get("kind", "?") for q in qdiscs)
-    rate = 0.0
-    burst = 0
-    for q in qdiscs:
-        if q.get("kind") == "tbf":
-            opts = q.get("options", {})
-            rate = float(opts.get("rate", 0)) * 8 / 1e9  # bytes/s -> Gbit/s
-            burst = int(opts.get("burst", 0))
-    delay = 0.0
-    if "netem" in kinds:
-        m = _DELAY_RE.search(tc("qdisc", "show", "dev", dev, netns=netns))
-        if m:
-            delay = float(m.group(1)) * _UNIT_MS[m.group(2)]
-    return LinkShaping(dev, netns, rate, burst, delay, kinds)
 
 
 # -- the cluster ---------------------------------------------------------------------------------
@@ -275,7 +121,7 @@ class Cluster:
                 raise ValueError(f"{arg} must be a non-negative number, got {v!r}")
         if not nic_gbit > 0:
             raise ValueError(f"nic_gbit must be positive, got {nic_gbit!r}")
-        _require()
+        require_available()
         leftovers = list_clusters().get(name)
         if leftovers:
             raise ClusterError(
@@ -317,8 +163,8 @@ class Cluster:
             ip("link", "set", "lo", "up", netns=ns)
             ip("link", "set", IFACE, "up", netns=ns)
             ip("link", "set", port, "up", netns=sw)
-            _shape(ns, IFACE, self.nic_gbit, self.latency_ms)  # host -> switch
-            _shape(sw, port, self.nic_gbit, 0.0)  # switch -> host
+            shape_link(ns, IFACE, self.nic_gbit, self.latency_ms)  # host -> switch
+            shape_link(sw, port, self.nic_gbit, 0.0)  # switch -> host
 
     def down(self, *, kill: bool = True, timeout: float = 5.0) -> list[str]:
         """Remove every namespace of this cluster that exists (also leftovers of a crash).
@@ -345,7 +191,7 @@ class Cluster:
         names = set(list_clusters().get(name, []))
         if not names:
             return None
-        hosts = sorted(int(m.group(3)) for n in names if (m := _NETNS_RE.match(n)) and m.group(3))
+        hosts = sorted(int(m.group(3)) for n in names if (m := NETNS_RE.match(n)) and m.group(3))
         n = len(hosts)
         broken = f"cluster {name!r} is incomplete ({', '.join(sorted(names))}); run down"
         if f"{name}-sw" not in names or hosts != list(range(n)) or n == 0:
@@ -412,6 +258,41 @@ class Cluster:
             "MESHCAST_HOST_ADDR": self.host_addr(host),
             "MESHCAST_NUM_HOSTS": str(self.num_hosts),
         }
+
+    # -- processes (what :func:`meshcast.launch` needs of a host provider) ----------------------
+    def spawn(
+        self, host: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
+        **popen_kwargs: Any,
+    ) -> subprocess.Popen:
+        """Start ``argv`` inside ``host``'s network namespace; return its Popen.
+
+        The child's environment is ``env`` (default: this process's environment) updated with
+        :meth:`host_env` (``GLOO_SOCKET_IFNAME``, ``MASTER_ADDR`` = host 0's address,
+        ``MESHCAST_HOST`` ...): the cluster's settings win, since an inherited ``MASTER_ADDR`` or
+        interface name would be wrong inside the namespace. ``popen_kwargs`` go to
+        :class:`subprocess.Popen` (``stdout``, ``stderr``, ``cwd``, ``start_new_session`` ...).
+
+        ``ip netns exec`` execs ``argv`` in place, so the returned pid is the program's own:
+        signalling or waiting on it behaves as for a plain Popen. Processes left running are ended
+        by :meth:`down`.
+        """
+        if isinstance(argv, (str, bytes)) or not argv:
+            raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+        if "env" in popen_kwargs or "args" in popen_kwargs:
+            raise TypeError("spawn_in_host: pass env= and argv positionally, not in popen_kwargs")
+        ns = self.netns(host)
+        full_env = dict(os.environ if env is None else env)
+        full_env.update(self.host_env(host))
+        return exec_in_netns(ns, argv, full_env, **popen_kwargs)
+
+    def free_port(self, host: int = 0, timeout: float = 15.0) -> int:
+        """A TCP port the kernel reports free on ``host`` (for ``MASTER_PORT``)."""
+        return free_port_in_netns(self.netns(host), timeout)
+
+    def ensure_up(self) -> None:
+        """Raise :class:`ClusterError` if no namespace of this cluster exists."""
+        if not self.exists():
+            raise ClusterError(f"cluster {self.name!r} is not up (no namespace of it exists)")
 
     # -- inspection -----------------------------------------------------------------------------
     def shaping(self, host: int) -> dict[str, LinkShaping]:

@@ -10,14 +10,11 @@ only :func:`spawn_in_host`.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._net import ClusterError
 from .cluster import Cluster
 
 __all__ = ["free_port", "rank_env", "spawn_in_host", "start_job", "wait_job"]
@@ -30,35 +27,9 @@ def spawn_in_host(
     env: Mapping[str, str] | None = None,
     **popen_kwargs: Any,
 ) -> subprocess.Popen:
-    """Start ``argv`` inside ``host``'s network namespace; return its Popen.
-
-    The child's environment is ``env`` (default: this process's environment) updated with
-    :meth:`Cluster.host_env` (``GLOO_SOCKET_IFNAME``, ``MASTER_ADDR`` = host 0's address,
-    ``MESHCAST_HOST`` ...): the cluster's settings win, since an inherited ``MASTER_ADDR`` or
-    interface name would be wrong inside the namespace. ``popen_kwargs`` go to
-    :class:`subprocess.Popen` (``stdout``, ``stderr``, ``cwd``, ``start_new_session`` ...).
-
-    ``ip netns exec`` execs ``argv`` in place, so the returned pid is the program's own:
-    signalling or waiting on it behaves as for a plain Popen. Processes left running are ended by
-    :meth:`Cluster.down`.
-    """
-    if isinstance(argv, (str, bytes)) or not argv:
-        raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
-    if "env" in popen_kwargs or "args" in popen_kwargs:
-        raise TypeError("spawn_in_host: pass env= and argv positionally, not in popen_kwargs")
-    ns = cluster.netns(host)
-    full_env = dict(os.environ if env is None else env)
-    full_env.update(cluster.host_env(host))
-    ip_cmd = _ip_path()
-    return subprocess.Popen([ip_cmd, "netns", "exec", ns, *map(str, argv)], env=full_env,
-                            **popen_kwargs)
-
-
-def _ip_path() -> str:
-    path = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin:/bin")
-    if path is None:
-        raise ClusterError("the 'ip' command (iproute2) is not installed")
-    return path
+    """Start ``argv`` inside ``host``'s network namespace; return its Popen (see
+    :meth:`Cluster.spawn`, which this calls)."""
+    return cluster.spawn(host, argv, env, **popen_kwargs)
 
 
 def rank_env(
@@ -79,16 +50,9 @@ def rank_env(
 
 
 def free_port(cluster: Cluster, host: int = 0, timeout: float = 15.0) -> int:
-    """A TCP port the kernel reports free on ``host`` (for ``MASTER_PORT``)."""
-    code = "import socket;s=socket.socket();s.bind(('',0));print(s.getsockname()[1])"
-    try:
-        out = subprocess.run(
-            [_ip_path(), "netns", "exec", cluster.netns(host), sys.executable, "-c", code],
-            capture_output=True, text=True, timeout=timeout, check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError) as exc:
-        raise ClusterError(f"could not find a free port in {cluster.netns(host)}: {exc}") from None
-    return int(out.strip())
+    """A TCP port the kernel reports free on ``host`` (for ``MASTER_PORT``; see
+    :meth:`Cluster.free_port`)."""
+    return cluster.free_port(host, timeout)
 
 
 def start_job(

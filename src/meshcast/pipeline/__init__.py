@@ -7,12 +7,13 @@ submodules imported explicitly: :mod:`meshcast.parallel.tensor_parallel` and :mo
 """
 
 from .graph import StageGraph, TensorEdge
-from .schedules import SCHEDULES, Action, Schedule, schedule, stage_order
+from .schedules import SCHEDULES, Action, ClockTable, Schedule, schedule, stage_order
 from .simulator import Link, PipelineTiming, TransferTiming, chain_links, simulate_pipeline
 
 __all__ = [
     "SCHEDULES",
     "Action",
+    "ClockTable",
     "Link",
     "PipelineTiming",
     "Schedule",
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 
-def plot_schedule(table: Schedule, path: str, *, title: str | None = None) -> None:
+def plot_schedule(table: ClockTable, path: str, *, title: str | None = None) -> None:
     """Draw ``table`` as a clock chart (stages down, clocks across) into the image file ``path``.
 
     Needs matplotlib (imported here, not by ``import meshcast.pipeline``).

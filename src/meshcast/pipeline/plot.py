@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .schedules import Schedule
+from .schedules import ClockTable
 
 __all__ = ["plot_schedule"]
 
 
-def plot_schedule(table: Schedule, path: str, *, title: str | None = None) -> None:
+def plot_schedule(table: ClockTable, path: str, *, title: str | None = None) -> None:
     """Draw ``table``: one row per stage, one cell per clock, forwards blue, backwards green,
     each labelled with its microbatch; idle clocks stay white."""
     import matplotlib

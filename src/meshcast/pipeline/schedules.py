@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
-__all__ = ["SCHEDULES", "Action", "Schedule", "schedule", "stage_order"]
+__all__ = ["SCHEDULES", "Action", "ClockTable", "Schedule", "schedule", "stage_order"]
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "eager_1f1b")
 """Names accepted by :func:`schedule`."""
@@ -94,7 +94,7 @@ def _eager_backward_bound(num_stages: int, stage: int, microbatch: int) -> int:
 
 
 @dataclass(frozen=True)
-class Schedule:
+class ClockTable:
     """A clock table: ``clocks[t][i]`` is what stage ``i`` does at clock ``t`` (None: idle).
 
     Immutable plain data; ``str(schedule)`` is a text chart, :func:`meshcast.pipeline.plot_schedule`
@@ -151,7 +151,7 @@ class Schedule:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Schedule:
+    def from_json(cls, data: dict[str, Any]) -> ClockTable:
         """Inverse of :meth:`to_json`."""
         clocks = tuple(
             tuple(None if a is None else Action(a[0], int(a[1:])) for a in row)
@@ -208,7 +208,7 @@ def place(
     name: str,
     orders: Sequence[Sequence[Action]],
     num_microbatches: int,
-) -> Schedule:
+) -> ClockTable:
     """Place per-stage action orders on unit clocks, as soon as data dependencies allow.
 
     ``orders[i]`` is the sequence stage ``i`` runs. Raises ValueError if the orders deadlock.
@@ -244,10 +244,10 @@ def place(
         t += 1
         if t > 4 * (total + n) + 8:
             raise ValueError(f"schedule {name!r}: the stage orders deadlock")
-    return Schedule(name, n, num_microbatches, tuple(rows))
+    return ClockTable(name, n, num_microbatches, tuple(rows))
 
 
-def schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:
+def schedule(name: str, num_stages: int, num_microbatches: int) -> ClockTable:
     """The clock table of schedule ``name`` (one of :data:`SCHEDULES`) for ``num_stages`` stages
     and ``num_microbatches`` microbatches.
 
@@ -262,3 +262,9 @@ def schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:
     n = _check_count(num_stages, "num_stages")
     m = _check_count(num_microbatches, "num_microbatches")
     return place(name, [stage_order(name, n, m, i) for i in range(n)], m)
+
+
+Schedule = ClockTable
+"""The former name of :class:`ClockTable` (kept so that code written against it still works;
+``meshcast.planning.many.Schedule`` is a different thing: the bucketed operations of many
+plans)."""

@@ -2,7 +2,7 @@
 
 The model (plain, deterministic, no randomness):
 
-- Stage ``i`` runs the actions of the schedule in the schedule's order (:meth:`Schedule.actions`);
+- Stage ``i`` runs the actions of the schedule in the schedule's order (:meth:`ClockTable.actions`);
   a forward takes ``forward_s[i]``, a backward ``backward_s[i]``. An action starts when its stage
   is free and its inputs are there.
 - Tensors between stages travel over :class:`Link` s. A link from stage ``src`` to a later stage
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .schedules import Action, Schedule
+from .schedules import Action, ClockTable
 
 __all__ = ["Link", "PipelineTiming", "TransferTiming", "chain_links", "simulate_pipeline"]
 
@@ -86,7 +86,7 @@ def chain_links(
 class PipelineTiming:
     """Result of :func:`simulate_pipeline`: the step time and when everything ran."""
 
-    schedule: Schedule
+    schedule: ClockTable
     overlap: bool
     overlap_backward: bool
     step_s: float
@@ -121,8 +121,45 @@ class PipelineTiming:
         return "\n".join(lines)
 
 
+def _checked_links(links: Sequence[Link], n: int) -> tuple[Link, ...]:
+    links = tuple(Link(*link) for link in links)
+    for link in links:
+        if not (0 <= link.src < link.dst < n):
+            raise ValueError(
+                f"link {link}: need 0 <= src < dst < {n} (forward goes to later stages)"
+            )
+        _per_stage((link.activation_s, link.gradient_s), 2, f"link {link.name or link[:2]} times")
+    return links
+
+
+class _LinkClock:
+    """When each link is free, when each tensor arrives, and every transfer made so far."""
+
+    def __init__(self, links: tuple[Link, ...]) -> None:
+        self.links = links
+        self.arrival: dict[tuple[int, str, int], float] = {}  # (link, kind, microbatch)
+        self.free: dict[tuple[int, int, str], float] = {}
+        self.transfers: list[TransferTiming] = []
+
+    def send(self, ks: list[int], kind: str, b: int, issue: float, blocking: bool) -> float:
+        """Issue the transfers of ``ks``; returns when the sender is free again."""
+        free = issue
+        for k in ks:
+            link = self.links[k]
+            key = (link.src, link.dst, kind)
+            duration = link.activation_s if kind == "F" else link.gradient_s
+            start = max(free if blocking else issue, self.free.get(key, 0.0))
+            finish = start + duration
+            self.free[key] = finish
+            self.arrival[(k, kind, b)] = finish
+            self.transfers.append(TransferTiming(k, kind, b, start, finish))
+            if blocking:
+                free = finish
+        return free
+
+
 def simulate_pipeline(
-    schedule: Schedule,
+    schedule: ClockTable,
     forward_s: float | Sequence[float],
     backward_s: float | Sequence[float],
     links: Sequence[Link] = (),
@@ -137,45 +174,20 @@ def simulate_pipeline(
     ``chain_links(n, activation_s)``; the transfer times usually come from simulating the
     resharding plan of each boundary tensor.
     """
-    if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a meshcast.pipeline.Schedule, got {schedule!r}")
+    if not isinstance(schedule, ClockTable):
+        raise TypeError(f"schedule must be a meshcast.pipeline.ClockTable, got {schedule!r}")
     n = schedule.num_stages
     fwd = _per_stage(forward_s, n, "forward_s")
     bwd = _per_stage(backward_s, n, "backward_s")
-    links = tuple(Link(*link) for link in links)
-    for link in links:
-        if not (0 <= link.src < link.dst < n):
-            raise ValueError(
-                f"link {link}: need 0 <= src < dst < {n} (forward goes to later stages)"
-            )
-        _per_stage((link.activation_s, link.gradient_s), 2, f"link {link.name or link[:2]} times")
+    links = _checked_links(links, n)
     into = [[k for k, link in enumerate(links) if link.dst == i] for i in range(n)]
     out_of = [[k for k, link in enumerate(links) if link.src == i] for i in range(n)]
-
+    clock = _LinkClock(links)
+    arrival = clock.arrival
     end: dict[tuple[int, Action], float] = {}
-    arrival: dict[tuple[int, str, int], float] = {}  # (link, kind, microbatch) -> arrival
-    resource_free: dict[tuple[int, int, str], float] = {}
     stage_free = [0.0] * n
     starts: list[list[float]] = [[] for _ in range(n)]
     ends: list[list[float]] = [[] for _ in range(n)]
-    transfers: list[TransferTiming] = []
-
-    def send(ks: list[int], kind: str, b: int, issue: float, blocking: bool) -> float:
-        """Issue the transfers of ``ks``; returns when the sender is free again."""
-        free = issue
-        for k in ks:
-            link = links[k]
-            key = (link.src, link.dst, kind)
-            duration = link.activation_s if kind == "F" else link.gradient_s
-            start = max(free if blocking else issue, resource_free.get(key, 0.0))
-            finish = start + duration
-            resource_free[key] = finish
-            arrival[(k, kind, b)] = finish
-            transfers.append(TransferTiming(k, kind, b, start, finish))
-            if blocking:
-                free = finish
-        return free
-
     for row in schedule.clocks:  # clock order respects every dependency of a valid table
         for i, a in enumerate(row):
             if a is None:
@@ -187,26 +199,22 @@ def simulate_pipeline(
                     ready = max(ready, end[(i - 1, a)])
                 ready = max([ready] + [arrival[(k, "F", b)] for k in into[i]])
                 finish = ready + fwd[i]
-                stage_free[i] = send(out_of[i], "F", b, finish, blocking=not overlap)
+                stage_free[i] = clock.send(out_of[i], "F", b, finish, blocking=not overlap)
             else:
                 ready = max(ready, end[(i, Action("F", b))])
                 if i < n - 1:
                     ready = max(ready, end[(i + 1, a)])
                 ready = max([ready] + [arrival[(k, "B", b)] for k in out_of[i]])
                 finish = ready + bwd[i]
-                stage_free[i] = send(into[i], "B", b, finish, blocking=not overlap_backward)
+                stage_free[i] = clock.send(into[i], "B", b, finish,
+                                           blocking=not overlap_backward)
             end[(i, a)] = finish
             starts[i].append(ready)
             ends[i].append(finish)
-
+    transfers = clock.transfers
     step = max([e for stage in ends for e in stage] + [t.end for t in transfers], default=0.0)
     return PipelineTiming(
-        schedule=schedule,
-        overlap=overlap,
-        overlap_backward=overlap_backward,
-        step_s=step,
-        starts=tuple(tuple(s) for s in starts),
-        ends=tuple(tuple(e) for e in ends),
-        links=links,
+        schedule=schedule, overlap=overlap, overlap_backward=overlap_backward, step_s=step,
+        starts=tuple(tuple(s) for s in starts), ends=tuple(tuple(e) for e in ends), links=links,
         transfers=tuple(transfers),
     )

@@ -4,8 +4,9 @@ optionally with emulated hosts) or ranks inside the hosts of an emulated cluster
 All spawning goes through :func:`rank_environment` (what one rank needs to know) and
 :func:`run_rank` (start one rank given those variables). Every rank is ``python -m
 meshcast.runtime._rank JOB_DIR``: on loopback a local process (the parent holds the TCP store), on
-a :class:`meshcast.cluster.Cluster` started inside its host's network namespace (``ip netns
-exec``; rank 0 on host 0 holds the store). ``fn`` and ``args`` travel as a pickle file together
+a :class:`~meshcast.runtime.hosts.HostProvider` (such as :class:`meshcast.cluster.Cluster`, which
+starts it inside its host's network namespace) a process of its host (rank 0 on host 0 holds the
+store). ``fn`` and ``args`` travel as a pickle file together
 with ``multiprocessing``'s spawn preparation data, and each rank's result or traceback comes back
 as one (``rank<R>.pkl``). A rank's stderr passes through the launcher (to ``sys.stderr``), which
 keeps its last lines: a rank that dies before reporting is shown with them. Both paths report
@@ -20,16 +21,15 @@ import os
 import subprocess
 import traceback
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.topology import Topology
 from .detect import TOPOLOGY_ENV
+from .hosts import HostProvider
 from .ranks import LaunchError, run_ranks
 
-if TYPE_CHECKING:
-    from ..cluster import Cluster
-
 __all__ = [
+    "HostProvider",
     "LaunchError",
     "MissingMainGuardError",
     "format_failure",
@@ -137,7 +137,7 @@ def launch(
     world_size: int,
     *,
     hosts: int | Topology | None = None,
-    cluster: Cluster | None = None,
+    cluster: HostProvider | None = None,
     args: Sequence[Any] = (),
     timeout: float = 120.0,
 ) -> list[Any]:
@@ -149,8 +149,9 @@ def launch(
     :class:`~meshcast.Topology`, which each rank finds through
     :func:`meshcast.runtime.detect_topology`.
 
-    With ``cluster`` (a :class:`meshcast.cluster.Cluster`, see docs/cluster.md; needs root) the
-    ranks run inside the hosts' network namespaces: ranks split into equal consecutive blocks over
+    With ``cluster`` (a :class:`meshcast.cluster.Cluster`, see docs/cluster.md; needs root; or any
+    :class:`~meshcast.runtime.hosts.HostProvider`) the ranks run inside the hosts' network
+    namespaces: ranks split into equal consecutive blocks over
     the cluster's hosts (``hosts``, if given, must equal its number of hosts), gloo bound to the
     cluster's interface, rank 0 on host 0 holding the TCP store, and
     :func:`~meshcast.runtime.detect_topology` returning ``cluster.topology(ranks_per_host)``.
@@ -205,19 +206,20 @@ def _launch_local(
     return run_ranks(fn, args, world_size, timeout, start, dict(os.environ))
 
 
-# -- emulated cluster ---------------------------------------------------------------------------
+# -- hosts of a provider (an emulated cluster) -----------------------------------------------
 def _launch_cluster(
     fn: Callable[..., Any],
     world_size: int,
     hosts: int | Topology | None,
-    cluster: Cluster,
+    cluster: HostProvider,
     args: tuple[Any, ...],
     timeout: float,
 ) -> list[Any]:
-    from ..cluster import Cluster, ClusterError, free_port, spawn_in_host
-
-    if not isinstance(cluster, Cluster):
-        raise TypeError(f"cluster must be a meshcast.cluster.Cluster, got {type(cluster).__name__}")
+    if not isinstance(cluster, HostProvider):
+        raise TypeError(
+            "cluster must be a meshcast.cluster.Cluster (or another "
+            f"meshcast.runtime.hosts.HostProvider), got {type(cluster).__name__}"
+        )
     n = cluster.num_hosts
     if hosts is not None and (isinstance(hosts, bool) or hosts != n):
         raise ValueError(
@@ -227,18 +229,16 @@ def _launch_cluster(
     if world_size % n:
         raise ValueError(f"world_size={world_size} must be a multiple of the cluster's {n} hosts")
     per_host = world_size // n
-    if not cluster.exists():
-        raise ClusterError(f"cluster {cluster.name!r} is not up (no namespace of it exists)")
+    cluster.ensure_up()
     topology = cluster.topology(per_host)
-    port = free_port(cluster, 0)
+    port = cluster.free_port(0)
     base = dict(os.environ)
     base.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of no reverse DNS per rank
 
     def start(rank: int, argv: list[str], base: dict[str, str]) -> subprocess.Popen:
         env = rank_environment(rank, world_size, port, topology, timeout,
                                master_addr=cluster.host_addr(0), store_owner="rank0")
-        return spawn_in_host(cluster, rank // per_host, argv, {**base, **env},
-                             stderr=subprocess.PIPE)
+        return cluster.spawn(rank // per_host, argv, {**base, **env}, stderr=subprocess.PIPE)
 
     return run_ranks(fn, args, world_size, timeout, start, base)
 

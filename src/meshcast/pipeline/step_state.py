@@ -1,0 +1,129 @@
+"""The state one pipeline step shares between its threads: the hand-over slots, the result, and
+the abort flag with its waits (given up here or, through the job's store, on another rank)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["POLL_S", "REMOTE_POLL_S", "PipelineError", "Slot", "StepAbort", "StepResult"]
+
+POLL_S = 0.05
+"""How often a waiting thread looks at the abort flag."""
+REMOTE_POLL_S = 0.5
+"""How often a waiting thread asks the store whether another rank has aborted."""
+
+
+class PipelineError(RuntimeError):
+    """A pipeline step failed on this rank or on another; ``ranks`` names the ranks concerned."""
+
+    def __init__(self, message: str, ranks: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+@dataclass
+class StepResult:
+    """What one :meth:`PipelineRuntime.train_step` returns on one rank."""
+
+    loss: float | None
+    """Loss of the whole batch (mean over microbatches) on the last stage's ranks, else None."""
+    compute_s: float = 0.0
+    """Seconds the compute thread spent in forwards and backwards."""
+    wait_s: float = 0.0
+    """Seconds the compute thread waited for received tensors or for its own sends."""
+    peak_activation_bytes: int = 0
+    """Peak over the step of the bytes autograd saved for microbatches in flight (parameters
+    excluded; tensors counted once per storage)."""
+    transfers: int = 0
+    """Boundary transfers (reshard calls) this rank took part in."""
+
+
+@dataclass
+class Slot:
+    """One tensor handed between the compute and the communication thread."""
+
+    ready: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    value: torch.Tensor | None = None
+
+
+class StepAbort:
+    """The abort flag of one step on one rank: set here (:meth:`fail`), or found set by another
+    rank under ``key`` in the job's ``store`` (None: failures travel through timeouts only)."""
+
+    def __init__(self, rank: int, stage: int | None, store: Any, key: str,
+                 timeout: float) -> None:
+        self.rank, self.stage, self.store, self.key = rank, stage, store, key
+        self.timeout = timeout
+        self.event = threading.Event()
+        self.errors: list[BaseException] = []
+        self._next_remote = time.monotonic() + REMOTE_POLL_S
+
+    @property
+    def who(self) -> str:
+        """``rank R (stage S)``, the start of every message."""
+        return f"rank {self.rank} (stage {self.stage})"
+
+    def first_error(self) -> str:
+        """The first failure of the step, as text (``aborted`` if none was recorded)."""
+        return str(self.errors[0]) if self.errors else "aborted"
+
+    def remote(self) -> str | None:
+        """Why another rank gave up the step (read from the store), or None."""
+        if self.store is None:
+            return None
+        try:
+            if self.store.check([self.key]):
+                return self.store.get(self.key).decode(errors="replace")
+        except Exception:
+            return None
+        return None
+
+    def publish(self, text: str) -> None:
+        """Tell the other ranks why this rank gives up (the first failure wins)."""
+        if self.store is None:
+            return
+        with contextlib.suppress(Exception):  # the first failure wins: later ones follow from it
+            self.store.compare_set(self.key, "", text)
+
+    def reason(self) -> str | None:
+        """Why this step was given up (here, or on another rank), or None: handed to the
+        boundary reshards so that their input agreement stops at once."""
+        if self.event.is_set():
+            return f"{self.who} gave up the step: {self.first_error()}"
+        now = time.monotonic()
+        if now >= self._next_remote:
+            self._next_remote = now + REMOTE_POLL_S
+            remote = self.remote()
+            if remote is not None:
+                return f"{self.who} gave up the step, because {remote}"
+        return None
+
+    def wait(self, event: threading.Event, what: str, ranks: Sequence[int]) -> None:
+        """Wait for ``event`` at most ``timeout``; raise early if this step aborts anywhere."""
+        deadline = time.monotonic() + self.timeout
+        next_remote = time.monotonic() + REMOTE_POLL_S
+        while not event.wait(POLL_S):
+            if self.event.is_set():
+                raise PipelineError(
+                    f"{self.who}: gave up waiting for {what}: {self.first_error()}", ranks)
+            now = time.monotonic()
+            if now >= next_remote:
+                next_remote = now + REMOTE_POLL_S
+                remote = self.remote()
+                if remote is not None:
+                    self.errors.append(PipelineError(remote))
+                    self.event.set()
+                    raise PipelineError(
+                        f"{self.who}: gave up waiting for {what}, because {remote}", ranks)
+            if now > deadline:
+                raise PipelineError(
+                    f"{self.who}: waited more than {self.timeout:g} s for {what} (ranks "
+                    f"involved: {sorted(ranks)})", ranks)
