@@ -189,3 +189,55 @@ def test_functions_are_short() -> None:
                 if lines > MAX_FUNCTION_LINES and not _explains_size(node):
                     long[f"{name}.{node.name}"] = lines
     assert long == {}
+
+
+TORCH_PRIVATE = {
+    "_StridedShard",  # DTensor placement without a public name (read to refuse or convert it)
+    "_get_root_mesh",  # the root mesh of a DeviceMesh slice (sub-meshes are read whole)
+    "_spec",  # DTensor's spec: placements and shard order together
+    "_world",  # c10d's map of process groups to their stores
+    "_get_default_store",  # the default group's store, for the input agreement
+    "_timeout",  # a ProcessGroup option's time-out, copied to the groups meshcast makes
+    "_replace",  # NamedTuple API
+    "_fields",  # NamedTuple API
+}
+"""Private names of torch (and NamedTuple) that meshcast reads because no public one exists."""
+
+
+def _defined_private(tree: ast.AST) -> set[str]:
+    """The ``_names`` a module defines: functions, classes, attributes it assigns."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr" and \
+                len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+            names.add(str(node.args[1].value))
+    return {n for n in names if n.startswith("_")}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    found = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        own = _defined_private(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                ours = node.level > 0 or (node.module or "").startswith(PACKAGE)
+                found += [f"{name}: imports {a.name}" for a in node.names
+                          if ours and _is_private(a.name)]
+            elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+                base = node.value
+                if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                    continue
+                if node.attr not in own and node.attr not in TORCH_PRIVATE:
+                    found.append(f"{name}:{node.lineno}: reads .{node.attr}")
+    assert found == []

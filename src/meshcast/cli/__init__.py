@@ -37,7 +37,7 @@ def _add(subparsers, name: str, module: str, help_text: str) -> None:
     parser = subparsers.add_parser(name, help=help_text, description=help_text)
     mod = importlib.import_module(module)
     mod.add_arguments(parser)
-    parser.set_defaults(_run=mod.run, _parser=parser)
+    parser.set_defaults(run_command=mod.run, command_parser=parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, or a bad argument (already printed)
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     try:
-        return int(args._run(args) or 0)
+        return int(args.run_command(args) or 0)
     except UsageError as exc:
-        print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{args.command_parser.prog}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -169,11 +169,13 @@ class Layout:
 
     def dim_axes(self, ndim: int) -> tuple[tuple[int, ...], ...]:
         """Mesh axes splitting each of ``ndim`` tensor dimensions (empty tuple = not split)."""
-        self._check_ndim(ndim)
+        self.check_ndim(ndim)
         dims = dict(self._dims)
         return tuple(dims.get(d, ()) for d in range(ndim))
 
-    def _check_ndim(self, ndim: int, argument: str = "shape") -> None:
+    def check_ndim(self, ndim: int, argument: str = "shape") -> None:
+        """Raise ValueError (naming ``argument``) unless this layout fits a tensor of ``ndim``
+        dimensions."""
         if self._ndim is not None and ndim != self._ndim:
             raise ValueError(
                 f"{argument} has {ndim} dimensions but layout spec {self.spec!r} has {self._ndim} "
@@ -228,7 +230,7 @@ class Layout:
         shape = as_shape(shape)
         pos = self._mesh.position(rank)
         if pos is None:
-            self._check_ndim(len(shape))
+            self.check_ndim(len(shape))
             return None
         coords = np.unravel_index(pos, self._mesh.shape)
         mesh_shape = self._mesh.shape

@@ -89,17 +89,17 @@ class BoundaryExchange:
             full = slot.value
             assert full is not None
             local = full[t.send_layout.box(self.rank, t.edge.shape)]
-        reshard(local, t.plan, group=group, timeout=self.timeout, _abort=self._abort.reason)
+        reshard(local, t.plan, group=group, timeout=self.timeout, abort=self._abort.reason)
         slot.value = None
         slot.done.set()
 
     def _receive(self, t: Transfer, slot: Slot, group: dist.ProcessGroup) -> None:
         reason = self._abort.reason
-        got = reshard(None, t.plan, group=group, timeout=self.timeout, _abort=reason)
+        got = reshard(None, t.plan, group=group, timeout=self.timeout, abort=reason)
         if self.free_communication:
             got = self._standin(t.kind, t.edge).clone()
         elif t.gather is not None:
-            got = reshard(got, t.gather, group=group, timeout=self.timeout, _abort=reason)
+            got = reshard(got, t.gather, group=group, timeout=self.timeout, abort=reason)
         slot.value = got
         slot.ready.set()
 

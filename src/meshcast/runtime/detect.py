@@ -72,7 +72,7 @@ def real_host_map(
         world = dist.group.WORLD
         real = next((t for w, t in _detected.values() if w is world), None)
         source = "meshcast.detect_topology()"
-    if real is not None and all(to_global(r) in real._host_of for r in ranks):
+    if real is not None and all(to_global(r) in real.hosts_by_rank for r in ranks):
         set_hosts_source(source)
         return {r: real.host_of(to_global(r)) for r in ranks}
     set_hosts_source(

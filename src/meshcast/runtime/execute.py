@@ -105,7 +105,7 @@ def reshard(
     device: torch.device | str | None = None,
     ordered: bool = True,
     transport: str | None = None,
-    _abort: Callable[[], str | None] | None = None,
+    abort: Callable[[], str | None] | None = None,
 ) -> torch.Tensor | None:
     """Run ``plan`` and return this rank's destination shard (None if it holds none).
 
@@ -129,9 +129,9 @@ def reshard(
     :func:`meshcast.simulate`, which the planner optimises for. ``ordered=False`` posts all of a
     rank's operations at once and lets them share the links (the plan's order is then only the
     posting order). ``transport`` (:data:`TRANSPORTS`, docs/runtime.md): ``"p2p"`` or
-    ``"collectives"``; default ``"collectives"`` for CUDA tensors, else ``"p2p"``. (``_abort``,
-    for meshcast's own pipeline runtime: a probe that returns why the caller gave up, or None;
-    while the ranks agree, a reason calls the call off on all.)
+    ``"collectives"``; default ``"collectives"`` for CUDA tensors, else ``"p2p"``. ``abort`` (as
+    the pipeline runtime uses it): a function polled while the ranks agree, returning why the
+    caller gave up (the call is then called off on every rank) or None.
     """
     try:
         inside = _validate(local, plan, group)
@@ -151,7 +151,7 @@ def reshard(
         next_step(group if group is not None else dist.group.WORLD)
         return None
     call, dev, how = _join(local, plan, group, timeout, chunk_bytes, max_inflight_bytes, device,
-                           transport, _abort)
+                           transport, abort)
     return _transfer(call, local, plan, dev, timeout, chunk_bytes, max_inflight_bytes, ordered,
                      how)
 
@@ -197,7 +197,8 @@ def _transfer(
     src = None if local is None else as_carrier(local)
     out = None if dst_box is None else empty_out(dst_box, task.itemsize, dev)
     failures = Failures(call, float(timeout))
-    hosts = real_host_map(plan.ranks, plan.topology._host_of, to_global)  # counters: real hosts
+    # byte counters count by the real hosts
+    hosts = real_host_map(plan.ranks, plan.topology.hosts_by_rank, to_global)
     links = Links(group, me, to_global, hosts, float(timeout))
     moves = PointToPoint() if transport == "p2p" else Collectives(group, to_global)
     Runner(plan, me, src, out, links, moves, failures, chunk_bytes, max_inflight_bytes,

@@ -168,7 +168,7 @@ def run_many(
     call, dev = _join(tensors, plans, ranks, me, errors, label, bucket_bytes, timeout, device)
     host_of: dict[int, int] = {}
     for p in plans:
-        for r, h in p.topology._host_of.items():
+        for r, h in p.topology.hosts_by_rank.items():
             host_of.setdefault(r, h)
     host_of = real_host_map(ranks, host_of)  # the byte counters count by the real hosts
     links = Links(dist.group.WORLD, me, lambda r: r, host_of, float(timeout))

@@ -39,7 +39,7 @@ class PointToPoint:
 
     def broadcast(self, runner: Runner, i: int, op: Broadcast) -> None:
         """This rank's part of the host-aware chain: send, relay (in a thread) or receive."""
-        chain = broadcast_chain(op, runner.plan.topology._host_of)
+        chain = broadcast_chain(op, runner.plan.topology.hosts_by_rank)
         role, feeder, targets = chain_role(chain, runner.me)
         what = f"op {i} (broadcast from {op.src})"
         if role == "sender":
