@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..core.boxes import relative
 from ..core.cache import BoundedCache
-from ..core.layout import Box
 from ..core.plan import Plan
 from ..planning.many import DEFAULT_BUCKET_BYTES, Schedule, Segment, build_schedule
 from .agree import agree
@@ -60,10 +60,6 @@ def last_many_stats() -> ManyStats:
     """Counters of this process's last :func:`reshard_many` call (empty ones before any, or
     after :func:`meshcast.clear_caches`)."""
     return _last.get("last") or ManyStats()
-
-
-def _rel(box: Box, shard_box: Box) -> tuple[slice, ...]:
-    return tuple(slice(b.start - s.start, b.stop - s.start) for b, s in zip(box, shard_box))
 
 
 def _padded(n: int) -> int:
@@ -243,13 +239,13 @@ class _Exchange:
 
     def view(self, seg: Segment, side: str) -> torch.Tensor:
         if side == "src" and not seg.from_out:
-            return self.srcs[seg.tensor][_rel(seg.box, self.src_boxes[seg.tensor])]
-        return self.outs[seg.tensor][_rel(seg.box, self.dst_boxes[seg.tensor])]
+            return self.srcs[seg.tensor][relative(seg.box, self.src_boxes[seg.tensor])]
+        return self.outs[seg.tensor][relative(seg.box, self.dst_boxes[seg.tensor])]
 
     def run(self) -> None:
         for k, box in self.schedule.copies_of(self.me):
-            self.outs[k][_rel(box, self.dst_boxes[k])].copy_(
-                self.srcs[k][_rel(box, self.src_boxes[k])])
+            self.outs[k][relative(box, self.dst_boxes[k])].copy_(
+                self.srcs[k][relative(box, self.src_boxes[k])])
         tag = _TAG_BASE
         for bucket in self.schedule.buckets:
             for phase in bucket:
