@@ -168,15 +168,16 @@ def _job(rank: int) -> dict:
     report["groups"] = (first == _bytes(meshcast.reshard(local, p)), len(group_cache))
 
     # the collectives transport (the GPU design) on gloo: native broadcast / all-gather on
-    # sub-groups, batched sends; tiny chunks and budget exercise chunking and the budget
+    # sub-groups, batched sends; small chunks (several per operation) and a budget of four
+    # chunks exercise chunking and the budget (each chunk of an all-gather is one round)
     report["collectives"] = {}
     for strategy in STRATEGIES:
         for name, task, noncontig in _cases():
             p = _plan(task, topology, strategy)
             box = task.src_box(rank)
             local = None if box is None else _to_torch(_global(task)[box], noncontig)
-            out = meshcast.reshard(local, p, chunk_bytes=96, max_inflight_bytes=512, timeout=60,
-                                   transport="collectives")
+            out = meshcast.reshard(local, p, chunk_bytes=256, max_inflight_bytes=1024,
+                                   timeout=60, transport="collectives")
             report["collectives"][strategy, name] = _bytes(out)
 
     # bytes across hosts, counted by the runtime as it sends
@@ -247,7 +248,7 @@ def job() -> list[dict]:
 def test_every_case_is_byte_exact(job: list[dict], strategy: str, budget: str) -> None:
     # small: max_inflight_bytes=512 with 96-byte chunks (packing buffers wait for memory),
     # operations posted concurrently (ordered=False); default: ordered, the default budget;
-    # collectives: transport="collectives" with the small budget
+    # collectives: transport="collectives" with 256-byte chunks and a 1 KiB budget
     key = {"default": "results", "small": "small", "collectives": "collectives"}[budget]
     cases = _cases()
     assert len(cases) >= 12
