@@ -192,7 +192,8 @@ def test_functions_are_short() -> None:
 
 
 TORCH_PRIVATE = {
-    "_StridedShard",  # DTensor placement without a public name (read to refuse or convert it)
+    "_StridedShard",  # DTensor placement without a public name (read as a strided layout step)
+    "_partition_value",  # Partial's own Replicate -> Partial (public redistribute refuses it)
     "_get_root_mesh",  # the root mesh of a DeviceMesh slice (sub-meshes are read whole)
     "_spec",  # DTensor's spec: placements and shard order together
     "_world",  # c10d's map of process groups to their stores

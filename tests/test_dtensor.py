@@ -138,7 +138,7 @@ def _dtensor_job(rank: int) -> list[str]:
 
     # bad input: the same error on every rank, nothing sent
     dt = distribute_tensor(torch.zeros(SHAPE), meshes["A1"], [Shard(0)])
-    for placements, needle in [([Partial()], "Partial"), ([Shard(0), Shard(1)], "2 entries"),
+    for placements, needle in [([Partial("prod")], "Partial"), ([Shard(0), Shard(1)], "2 entries"),
                                ([Shard(2)], "2 dimensions")]:
         try:
             mc.reshard_dtensor(dt, meshes["B1"], placements)

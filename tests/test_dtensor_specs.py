@@ -1,4 +1,4 @@
-"""DTensor specs read whole (issue 11, point 2): shard order, _StridedShard, sub-meshes.
+"""DTensor specs read whole: shard order, _StridedShard, Partial destinations, sub-meshes.
 
 Real gloo processes (``meshcast.launch``). Sources with a non-default ``DTensorSpec.shard_order``
 are made by DTensor itself (``redistribute_local_tensor`` from a replica to the ordered spec) and
@@ -6,8 +6,10 @@ checked to be self-consistent (``full_tensor()``). On every rank: meshcast's rea
 source holds exactly DTensor's ``to_local()``, and every destination shard of
 ``reshard_dtensor`` equals DTensor's own ``distribute_tensor(glob, dst, placements).to_local()``
 byte for byte, with ``full_tensor()`` equal to the global tensor (on meshes of ascending ranks:
-on others DTensor's own ``full_tensor()`` is wrong in torch 2.13). Strided sharding is refused on
-every rank before anything moves. Sub-meshes (``init_device_mesh(...)["tp"]``, flattened dims)
+on others DTensor's own ``full_tensor()`` is wrong in torch 2.13). ``_StridedShard`` of any split
+factor, even or uneven, reshards exactly in both directions (a shard of several boxes); a
+Partial destination holds what DTensor's ``redistribute`` makes from the replicated value.
+Sub-meshes (``init_device_mesh(...)["tp"]``, flattened dims)
 are read identically on every rank, as source and as destination, uneven sizes included.
 """
 
@@ -53,23 +55,37 @@ class _Checker:
         self.rank = rank
         self.failures: list[str] = []
 
-    def source(self, dt, glob, what: str) -> None:
-        """meshcast's reading of ``dt`` holds exactly DTensor's local shard on this rank."""
+    def source(self, dt, glob, what: str, full_tensor: bool = True) -> None:
+        """meshcast's reading of ``dt`` holds exactly DTensor's local shard on this rank (and
+        DTensor's own ``full_tensor()`` is the tensor, unless ``full_tensor`` is False)."""
         if dt.device_mesh.get_coordinate() is None:
             return
-        if _ascending(dt.device_mesh) and _bytes(dt.full_tensor()) != _bytes(glob):
+        if full_tensor and _ascending(dt.device_mesh) and \
+                _bytes(dt.full_tensor()) != _bytes(glob):
             self.failures.append(f"{what}: DTensor's own full_tensor() is not the tensor")
-        box = mc.layout_from_dtensor(dt).box(self.rank, tuple(glob.shape))
-        if box is None or _bytes(glob[box]) != _bytes(dt.to_local()):
-            self.failures.append(f"{what}: rank {self.rank}: meshcast reads box {box}, which "
+        layout = mc.layout_from_dtensor(dt)
+        region = layout.region(self.rank, tuple(glob.shape))
+        mine = mc.scatter(glob.numpy(), layout)[self.rank]
+        if region is None or mine.tobytes() != _bytes(dt.to_local()) or \
+                mine.shape != tuple(dt.to_local().shape):
+            self.failures.append(f"{what}: rank {self.rank}: meshcast reads {region}, which "
                                  f"is not DTensor's to_local()")
 
     def result(self, res, glob, dst, placements, what: str) -> None:
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
         # DTensor's own shards, cut on each rank (its scatter from rank 0 mis-sends on a mesh whose
-        # ranks are not ascending: [3, 1, 0, 2] gives rank 3 zeros in torch 2.13)
-        want = distribute_tensor(glob, dst, placements, src_data_rank=None)
+        # ranks are not ascending: [3, 1, 0, 2] gives rank 3 zeros in torch 2.13); a Partial
+        # destination as DTensor's redistribute makes it from the replicated value
+        partial = [p.is_partial() for p in placements]
+        held = [Replicate() if q else p for p, q in zip(placements, partial)]
+        want = distribute_tensor(glob, dst, held, src_data_rank=None)
+        if any(partial) and dst.get_coordinate() is not None:  # as DTensor's own tests do it
+            from torch.distributed.tensor._redistribute import redistribute_local_tensor
+
+            spec = type(want._spec)(dst, tuple(placements), tensor_meta=want._spec.tensor_meta)
+            want = DTensor(redistribute_local_tensor(want.to_local(), want._spec, spec), spec,
+                           requires_grad=False)
         if dst.get_coordinate() is None:
             if res is not None:
                 self.failures.append(f"{what}: rank {self.rank} is outside dst, got {res!r}")
@@ -80,7 +96,9 @@ class _Checker:
         local = res.to_local()
         if local.shape != want.to_local().shape or _bytes(local) != _bytes(want.to_local()):
             self.failures.append(f"{what}: rank {self.rank}: local shard differs from DTensor's")
-        if _ascending(dst) and _bytes(res.full_tensor()) != _bytes(glob):
+        if tuple(res.placements) != tuple(placements):
+            self.failures.append(f"{what}: rank {self.rank}: placements {res.placements}")
+        if _ascending(dst) and not any(partial) and _bytes(res.full_tensor()) != _bytes(glob):
             self.failures.append(f"{what}: rank {self.rank}: full_tensor() differs")
 
     def refused(self, fn, needles: tuple[str, ...], what: str) -> None:
@@ -131,19 +149,61 @@ def _shard_order_job(rank: int) -> list[str]:
 
     glob = torch.arange(35, dtype=torch.float32).reshape(7, 5)
     plain = distribute_tensor(glob, mesh, [Shard(0), Shard(1)], src_data_rank=None)
-    strided = DTensor.from_local(plain.to_local(), mesh, [_StridedShard(0, split_factor=2),
-                                                          Shard(0)],
-                                 run_check=False, shape=glob.shape, stride=glob.stride())
-    check.refused(lambda: mc.reshard_dtensor(strided, dsts[1][0], [Shard(0)], timeout=30),
-                  ("dt.placements[0]", "_StridedShard", "split_factor 2", "not supported"),
-                  "_StridedShard(sf=2)")
-    check.refused(lambda: mc.layout_from_dtensor(strided), ("_StridedShard",), "from_dtensor")
+    strided = distribute_tensor(glob, mesh, [_StridedShard(0, split_factor=2), Shard(0)],
+                                src_data_rank=None)
+    check.source(strided, glob, "_StridedShard(sf=2), Shard(0)")
+    res = mc.reshard_dtensor(strided, dsts[1][0], [Shard(0)], timeout=60)
+    check.result(res, glob, dsts[1][0], [Shard(0)], "_StridedShard(sf=2) -> 1-D")
     one = DTensor.from_local(plain.to_local(), mesh, [_StridedShard(0, split_factor=1),
                                                       Shard(1)],
                              run_check=False, shape=glob.shape, stride=glob.stride())
     check.source(one, glob, "_StridedShard(sf=1)")
     res = mc.reshard_dtensor(one, dsts[1][0], [Shard(1)], timeout=60)
     check.result(res, glob, dsts[1][0], [Shard(1)], "_StridedShard(sf=1) -> 1-D")
+    return check.failures
+
+
+def _strided_and_partial_job(rank: int) -> list[str]:
+    """_StridedShard with split factors 1 to 3, even and uneven, decodable into a shard order
+    or not, in both directions; Partial (sum, avg, max, min) destinations."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard as SS
+
+    check = _Checker(rank)
+    cube = DeviceMesh("cpu", torch.arange(8).reshape(2, 2, 2).tolist())
+    wide = DeviceMesh("cpu", [[0, 1, 2, 3], [4, 5, 6, 7]])
+    line = DeviceMesh("cpu", [4, 5, 6, 7])
+    pair = DeviceMesh("cpu", [[6, 7], [2, 3]])
+    # (shape, mesh, placements, destination mesh, placements, whether the source's split
+    # factors decode into a shard order: where not, torch 2.13's own full_tensor() does not
+    # invert its own distribute_tensor, and to_local() is what a rank holds)
+    cases = [
+        ((16, 6), wide, [SS(0, split_factor=4), Shard(0)], line, [Shard(0)], True),
+        ((13, 5), wide, [SS(0, split_factor=2), Replicate()], line, [SS(0, split_factor=3)],
+         True),
+        ((9, 10), cube, [SS(0, split_factor=2), SS(1, split_factor=3), Shard(0)], pair,
+         [Shard(1), SS(0, split_factor=2)], False),
+        ((7, 11), cube, [SS(1, split_factor=3), Shard(1), SS(1, split_factor=1)], wide,
+         [Shard(1), Shard(0)], False),
+        ((12, 4), line, [SS(0, split_factor=2)], cube, [SS(0, split_factor=2), Shard(0),
+                                                         Shard(1)], True),
+        ((5, 8), pair, [Shard(1), SS(0, split_factor=2)], line, [Partial("sum")], True),
+        ((6, 6), wide, [SS(1, split_factor=2), Shard(1)], pair, [Partial("max"), Shard(0)],
+         False),
+        ((6, 7), line, [Shard(0)], wide, [Partial("avg"), SS(1, split_factor=2)], True),
+        ((4, 9), cube, [Replicate(), Shard(1), Shard(0)], line, [Partial("min")], True),
+    ]
+    for k, (shape, src, sp, dst, dp, decodable) in enumerate(cases):
+        glob = torch.arange(shape[0] * shape[1], dtype=torch.float64).reshape(shape) * 3 + k
+        dt = distribute_tensor(glob, src, sp, src_data_rank=None)
+        what = f"case {k}: {sp} -> {dp}"
+        check.source(dt, glob, what, full_tensor=decodable)
+        res = mc.reshard_dtensor(dt, dst, dp, timeout=60)
+        check.result(res, glob, dst, dp, what)
+    check.refused(lambda: mc.reshard_dtensor(dt, line, [Partial("prod")], timeout=30),
+                  ("placements[0]", "Partial(prod)", "sum, avg, max, min"), "Partial(prod)")
     return check.failures
 
 
@@ -214,6 +274,13 @@ def _sub_mesh_job(rank: int) -> dict:
 @pytest.mark.timeout(600)
 def test_shard_order_and_strided_shard_on_a_2x2_mesh() -> None:
     results = mc.launch(_shard_order_job, 4, timeout=300)
+    failures = [f for r in results for f in r]
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.timeout(600)
+def test_strided_shards_and_partial_destinations() -> None:
+    results = mc.launch(_strided_and_partial_job, 8, hosts=4, timeout=300)
     failures = [f for r in results for f in r]
     assert not failures, "\n".join(failures[:20])
 

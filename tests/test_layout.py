@@ -75,8 +75,10 @@ def test_uneven_boxes_follow_torch_chunk(n, spec):
         assert layout.box(rank, (n,)) == (expected[flat],)
 
 
-def test_tile_bounds_partition():
-    layout = mc.Layout(mc.Mesh.from_range(0, (2, 3)), "S10R")
-    for (starts, stops), n in zip(layout.tile_bounds((7, 4)), (7, 4)):
+@pytest.mark.parametrize("spec", ["S10R", "S0[2]1R", "S1[3]S0", "{a=3:S0+b=4:S1[2]}R"])
+def test_dim_runs_partition(spec):
+    layout = mc.Layout(mc.Mesh.from_range(0, (2, 3)), spec)
+    for (starts, stops, tiles), n in zip(layout.dim_runs((7, 4)), (7, 4)):
         assert starts[0] == 0 and stops[-1] == n
         assert np.array_equal(starts[1:], stops[:-1])
+        assert (stops > starts).all() and (tiles < layout.num_tiles(2)[0 if n == 7 else 1]).all()

@@ -5,11 +5,14 @@ runtime that moves data over ``torch.distributed`` imports torch when first used
 """
 
 from .core.cache import CacheInfo, cache_info, clear_caches
+from .core.fused import fused_part_index, fused_tasks, part_layout, part_names
 from .core.job import job_topology
-from .core.layout import Box, Layout, Placement, Replicate, Shard
+from .core.layout import Box, Layout, Placement, Replicate, Shard, StridedShard
 from .core.local import execute_local, gather, scatter
 from .core.mesh import Mesh
+from .core.picture import layout_picture
 from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, check_plan
+from .core.region import Region
 from .core.task import ReshardTask, UnitSlice
 from .core.topology import Topology
 from .estimate.lower_bound import LowerBound, lower_bound, lower_bound_details
@@ -38,11 +41,13 @@ __all__ = [
     "Op",
     "Placement",
     "Plan",
+    "Region",
     "Replicate",
     "ReshardTask",
     "Send",
     "Shard",
     "SimReport",
+    "StridedShard",
     "Topology",
     "UnitSlice",
     "build_schedule",
@@ -51,10 +56,15 @@ __all__ = [
     "clear_caches",
     "clear_plan_cache",
     "execute_local",
+    "fused_part_index",
+    "fused_tasks",
     "gather",
     "job_topology",
+    "layout_picture",
     "lower_bound",
     "lower_bound_details",
+    "part_layout",
+    "part_names",
     "plan",
     "plan_cache_info",
     "plan_many",

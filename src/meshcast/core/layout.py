@@ -8,6 +8,11 @@ placement per mesh axis: ``[Shard(0), Replicate()]`` equals ``"S0R"`` on a 2-D m
 Uneven sizes follow ``torch.chunk`` / DTensor: a dimension of size n split k ways gets chunks of
 ceil(n/k); trailing chunks may be smaller or empty. A dimension split over several axes is chunked
 over each axis in turn (major axis first), as DTensor does for ``[Shard(0), Shard(0)]``.
+
+Beyond one chunk per rank (splits.py): strided steps (``S0[2]1``, DTensor's ``_StridedShard``)
+and fused dimensions (``{q=4096:S1+k=1024:S1+v=1024:S1}``, parts split each their own way) give a
+rank several runs of a dimension; its shard is then a :class:`~meshcast.core.region.Region` of
+several boxes (:meth:`Layout.region`), held in global order.
 """
 
 from __future__ import annotations
@@ -22,13 +27,17 @@ import numpy as np
 from .boxes import Box, box_shape, box_size, split_box
 from .checks import as_index, as_shape
 from .mesh import Mesh
+from .region import Region
+from .splits import DimSplit, parse_token, tile_runs, tiles_of_positions
 
 __all__ = [
     "Box",
     "Layout",
     "Placement",
+    "Region",
     "Replicate",
     "Shard",
+    "StridedShard",
     "box_shape",
     "box_size",
     "split_box",
@@ -45,39 +54,74 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class StridedShard:
+    """DTensor's ``_StridedShard(dim, split_factor)``: this mesh axis splits each of
+    ``split_factor`` equal pieces of dimension ``dim`` (see splits.py); 1 is :class:`Shard`."""
+
+    dim: int
+    split_factor: int
+
+    def __post_init__(self) -> None:
+        as_index(self.dim, "StridedShard.dim")
+        if as_index(self.split_factor, "StridedShard.split_factor") < 1:
+            raise ValueError(f"StridedShard.split_factor must be >= 1, got {self.split_factor}")
+
+
+@dataclass(frozen=True)
 class Replicate:
     """DTensor-style placement: this mesh axis holds replicas."""
 
 
-Placement = Shard | Replicate
+Placement = Shard | StridedShard | Replicate
 
-_TOKEN = re.compile(r"R|S\d+")
+_TOKEN = re.compile(r"R|S(?:\d(?:\[\d+\])?)+|\{[^{}]*\}")
 
 
-def _parse_spec(spec: str) -> tuple[tuple[int, ...], ...]:
-    text = spec.replace(",", "").replace(" ", "")
+def _parse_spec(spec: str) -> tuple[DimSplit, ...]:
+    text = re.sub(r",(?![^{]*\})", "", spec.replace(" ", ""))  # commas between tokens
     tokens = _TOKEN.findall(text)
     if "".join(tokens) != text or (not tokens and spec != ""):
         raise ValueError(
             f"spec {spec!r} is not a layout: write one token per tensor dimension, R or S followed "
-            f"by mesh-axis digits, e.g. 'S0RR', 'RS01R' or 'S0,R,R'"
+            f"by mesh-axis digits, e.g. 'S0RR', 'RS01R' or 'S0,R,R' (strided: 'S0[2]1'; fused: "
+            f"'{{q=4096:S1+k=1024:S1}}R')"
         )
-    return tuple(tuple(int(c) for c in tok[1:]) for tok in tokens)
+    return tuple(parse_token(tok, spec) for tok in tokens)
 
 
-def _from_placements(placements: Sequence[Any], mesh: Mesh) -> dict[int, tuple[int, ...]]:
+def _from_placements(placements: Sequence[Any], mesh: Mesh) -> dict[int, DimSplit]:
     if len(placements) != mesh.ndim:
         raise ValueError(
             f"spec has {len(placements)} placements but the mesh has {mesh.ndim} axes: "
             f"give one Shard/Replicate per mesh axis"
         )
-    dims: dict[int, tuple[int, ...]] = {}
+    steps: dict[int, tuple[tuple[int, int], ...]] = {}
     for axis, p in enumerate(placements):
-        if isinstance(p, Shard):
-            dims[p.dim] = (*dims.get(p.dim, ()), axis)
+        if isinstance(p, (Shard, StridedShard)):
+            f = p.split_factor if isinstance(p, StridedShard) else 1
+            steps[p.dim] = (*steps.get(p.dim, ()), (axis, f))
         elif not isinstance(p, Replicate):
-            raise TypeError(f"spec[{axis}] must be meshcast.Shard or meshcast.Replicate, got {p!r}")
-    return dims
+            raise TypeError(
+                f"spec[{axis}] must be meshcast.Shard, StridedShard or Replicate, got {p!r}")
+    return {d: DimSplit(steps=s) for d, s in steps.items()}
+
+
+def _chunk_bounds(n: int, ks: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, stops) of the chunks of a dimension of ``n`` chunked ``ks[0]`` ways, each chunk
+    ``ks[1]`` ways, and so on (``torch.chunk`` sizes), in chunk order."""
+    starts = np.zeros(1, dtype=np.int64)
+    lengths = np.full(1, n, dtype=np.int64)
+    for k in ks:
+        chunk = -(-lengths // k)  # ceil
+        i = np.arange(k, dtype=np.int64)
+        # i * chunk < length wherever it is used (chunk = ceil(length / k)), so int64 never
+        # overflows; lo + min(chunk, length - lo) rather than (i + 1) * chunk likewise
+        inside = i[None, :] < -(-lengths[:, None] // np.maximum(chunk[:, None], 1))
+        lo = np.where(inside, i[None, :] * chunk[:, None], lengths[:, None])
+        hi = lo + np.minimum(chunk[:, None], lengths[:, None] - lo)
+        starts = (starts[:, None] + lo).reshape(-1)
+        lengths = (hi - lo).reshape(-1)
+    return starts, starts + lengths
 
 
 class Layout:
@@ -96,7 +140,7 @@ class Layout:
         if isinstance(spec, str):
             per_dim = _parse_spec(spec)
             self._ndim: int | None = len(per_dim)
-            dims = {d: axes for d, axes in enumerate(per_dim) if axes}
+            dims = {d: split for d, split in enumerate(per_dim) if split.steps or split.parts}
         elif isinstance(spec, Sequence):
             self._ndim = None
             dims = _from_placements(spec, self._mesh)
@@ -104,25 +148,28 @@ class Layout:
             raise TypeError(
                 f"spec must be a string like 'S0RR' or a list of placements, got {spec!r}"
             )
-        used: dict[int, int] = {}
-        for d, axes in sorted(dims.items()):
-            for a in axes:
-                if a >= self._mesh.ndim:
-                    raise ValueError(
-                        f"spec {self._spec_text(dims)!r} uses mesh axis {a}, but the mesh has "
-                        f"{self._mesh.ndim} axes (0..{self._mesh.ndim - 1})"
-                    )
-                if a in used:
-                    raise ValueError(
-                        f"spec {self._spec_text(dims)!r} uses mesh axis {a} twice (dimensions "
-                        f"{used[a]} and {d}); each mesh axis splits at most one dimension once"
-                    )
-                used[a] = d
-        self._dims: tuple[tuple[int, tuple[int, ...]], ...] = tuple(sorted(dims.items()))
+        self._dims: tuple[tuple[int, DimSplit], ...] = tuple(sorted(dims.items()))
+        self._check_axes()
 
-    def _spec_text(self, dims: dict[int, tuple[int, ...]]) -> str:
-        n = self._ndim if self._ndim is not None else (max(dims, default=-1) + 1)
-        return "".join("S" + "".join(map(str, dims[d])) if d in dims else "R" for d in range(n))
+    def _check_axes(self) -> None:
+        """Each mesh axis splits at most one dimension, once in each of its pieces."""
+        used: dict[int, int] = {}
+        for d, split in self._dims:
+            for steps in split.step_lists():
+                axes = [a for a, _ in steps]
+                for a in axes:
+                    if a >= self._mesh.ndim:
+                        raise ValueError(
+                            f"spec {self.spec!r} uses mesh axis {a}, but the mesh has "
+                            f"{self._mesh.ndim} axes (0..{self._mesh.ndim - 1})"
+                        )
+                    if used.get(a, d) != d or axes.count(a) > 1:
+                        raise ValueError(
+                            f"spec {self.spec!r} uses mesh axis {a} twice (dimensions "
+                            f"{used.get(a, d)} and {d}); each mesh axis splits at most one "
+                            f"dimension once"
+                        )
+                    used[a] = d
 
     @classmethod
     def parse(cls, text: str) -> Layout:
@@ -156,22 +203,40 @@ class Layout:
     @property
     def spec(self) -> str:
         """The paper's notation, e.g. ``"S0RR"`` (placement-style: up to the last split dim)."""
-        return self._spec_text(dict(self._dims))
+        dims = dict(self._dims)
+        n = self._ndim if self._ndim is not None else (max(dims, default=-1) + 1)
+        return "".join(dims[d].token() if d in dims else "R" for d in range(n))
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether every rank holds one chunk of each dimension (one box), as ``Shard`` and
+        ``Replicate`` placements give; False for strided steps and fused dimensions."""
+        return all(split.is_plain for _, split in self._dims)
 
     @property
     def placements(self) -> tuple[Placement, ...]:
-        """DTensor-style placements, one per mesh axis."""
+        """DTensor-style placements, one per mesh axis (placements apply in mesh-axis order:
+        ValueError for a layout they cannot say, e.g. ``S10`` or a fused dimension)."""
         out: list[Placement] = [Replicate()] * self._mesh.ndim
-        for d, axes in self._dims:
-            for a in axes:
-                out[a] = Shard(d)
+        for d, split in self._dims:
+            if split.parts or [a for a, _ in split.steps] != sorted(a for a, _ in split.steps):
+                raise ValueError(
+                    f"layout {self.spec!r} has no DTensor-style placements: dimension {d} is "
+                    f"{'fused' if split.parts else 'split in an order other than the mesh axes'}"
+                )
+            for a, f in split.steps:
+                out[a] = Shard(d) if f == 1 else StridedShard(d, f)
         return tuple(out)
+
+    def splits(self, ndim: int) -> tuple[DimSplit, ...]:
+        """How each of ``ndim`` tensor dimensions is split (``DimSplit()``: not split)."""
+        self.check_ndim(ndim)
+        dims = dict(self._dims)
+        return tuple(dims.get(d, DimSplit()) for d in range(ndim))
 
     def dim_axes(self, ndim: int) -> tuple[tuple[int, ...], ...]:
         """Mesh axes splitting each of ``ndim`` tensor dimensions (empty tuple = not split)."""
-        self.check_ndim(ndim)
-        dims = dict(self._dims)
-        return tuple(dims.get(d, ()) for d in range(ndim))
+        return tuple(split.axes for split in self.splits(ndim))
 
     def check_ndim(self, ndim: int, argument: str = "shape") -> None:
         """Raise ValueError (naming ``argument``) unless this layout fits a tensor of ``ndim``
@@ -188,46 +253,70 @@ class Layout:
             )
 
     # -- geometry ---------------------------------------------------------------------------
-    def tile_bounds(self, shape: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per tensor dimension, the (starts, stops) of its chunks in chunk order."""
+    def dim_runs(self, shape: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per tensor dimension, ``(starts, stops, tiles)``: its non-empty runs in increasing order
+        and the tile (:meth:`position_tiles`) holding each; they partition the dimension. A
+        ``Shard``-only dimension has one run per chunk, in chunk order."""
         shape = as_shape(shape)
         mesh_shape = self._mesh.shape
         out = []
-        for n, axes in zip(shape, self.dim_axes(len(shape))):
-            starts = np.zeros(1, dtype=np.int64)
-            lengths = np.full(1, n, dtype=np.int64)
-            for a in axes:
-                k = mesh_shape[a]
-                chunk = -(-lengths // k)  # ceil
-                i = np.arange(k, dtype=np.int64)
-                # i * chunk < length wherever it is used (chunk = ceil(length / k)), so int64 never
-                # overflows; lo + min(chunk, length - lo) rather than (i + 1) * chunk likewise
-                inside = i[None, :] < -(-lengths[:, None] // np.maximum(chunk[:, None], 1))
-                lo = np.where(inside, i[None, :] * chunk[:, None], lengths[:, None])
-                hi = lo + np.minimum(chunk[:, None], lengths[:, None] - lo)
-                starts = (starts[:, None] + lo).reshape(-1)
-                lengths = (hi - lo).reshape(-1)
-            out.append((starts, starts + lengths))
+        for n, split in zip(shape, self.splits(len(shape))):
+            if split.is_plain:
+                starts, stops = _chunk_bounds(n, [mesh_shape[a] for a, _ in split.steps])
+                tiles = np.arange(len(starts), dtype=np.int64)
+                keep = stops > starts
+                out.append((starts[keep], stops[keep], tiles[keep]))
+            else:
+                starts, stops, tiles, _ = tile_runs(split, n, mesh_shape)
+                out.append((starts, stops, tiles))
         return out
 
-    def tile_of_positions(self, ndim: int) -> np.ndarray:
-        """Array ``(mesh.size, ndim)``: chunk index of each dimension held at each mesh position."""
+    def position_tiles(self, ndim: int) -> list[list[np.ndarray]]:
+        """Per tensor dimension, per piece (a fused dimension's parts; else the dimension), the
+        tile each mesh position holds: arrays of shape ``(mesh.size,)``. A ``Shard`` dimension's
+        tile is the chunk index (row-major over its axes)."""
         coords = np.stack(np.unravel_index(np.arange(self._mesh.size), self._mesh.shape), axis=1)
-        mesh_shape = self._mesh.shape
-        out = np.zeros((self._mesh.size, ndim), dtype=np.int64)
-        for d, axes in enumerate(self.dim_axes(ndim)):
-            for a in axes:
-                out[:, d] = out[:, d] * mesh_shape[a] + coords[:, a]
-        return out
+        return [tiles_of_positions(split, coords, self._mesh.shape)
+                for split in self.splits(ndim)]
 
     def num_tiles(self, ndim: int) -> tuple[int, ...]:
-        """Number of chunks of each tensor dimension."""
+        """Number of tiles of each tensor dimension (chunks; a fused dimension's of all parts)."""
         mesh_shape = self._mesh.shape
-        return tuple(int(np.prod([mesh_shape[a] for a in axes])) for axes in self.dim_axes(ndim))
+        return tuple(
+            sum(int(np.prod([mesh_shape[a] for a, _ in steps])) for steps in split.step_lists())
+            for split in self.splits(ndim)
+        )
+
+    def region(self, rank: int, shape: Sequence[int]) -> Region | None:
+        """The part of a global tensor of ``shape`` that ``rank`` holds, or None if it is not in
+        the mesh: one box for a plain layout, several for strided or fused ones."""
+        shape = as_shape(shape)
+        if self.is_plain:
+            box = self.box(rank, shape)
+            return None if box is None else Region.of_box(box)
+        pos = self._mesh.position(rank)
+        if pos is None:
+            self.check_ndim(len(shape))
+            return None
+        runs = []
+        for (starts, stops, tiles), pieces in zip(self.dim_runs(shape),
+                                                  self.position_tiles(len(shape))):
+            mine = np.isin(tiles, [int(p[pos]) for p in pieces])
+            runs.append(list(zip(starts[mine].tolist(), stops[mine].tolist())))
+        return Region(runs)
 
     def box(self, rank: int, shape: Sequence[int]) -> Box | None:
-        """The region of a global tensor of ``shape`` that ``rank`` holds (None: not in mesh)."""
+        """The region of a global tensor of ``shape`` that ``rank`` holds (None: not in mesh);
+        ValueError where it is several boxes (use :meth:`region`)."""
         shape = as_shape(shape)
+        if not self.is_plain:
+            region = self.region(rank, shape)
+            if region is None or region.box is not None:
+                return None if region is None else region.box
+            raise ValueError(
+                f"rank {rank} holds several boxes of layout {self.spec!r} for shape {shape}: "
+                f"{region}; use Layout.region"
+            )
         pos = self._mesh.position(rank)
         if pos is None:
             self.check_ndim(len(shape))
@@ -246,9 +335,9 @@ class Layout:
         return tuple(result)
 
     def shard_shape(self, rank: int, shape: Sequence[int]) -> tuple[int, ...] | None:
-        """Shape of the shard ``rank`` holds, or None if it is not in the mesh."""
-        box = self.box(rank, shape)
-        return None if box is None else box_shape(box)
+        """Shape of the (local) shard ``rank`` holds, or None if it is not in the mesh."""
+        region = self.region(rank, shape)
+        return None if region is None else region.shape
 
     # -- value semantics --------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
@@ -275,9 +364,7 @@ class Layout:
         """Plain-data form."""
         data: dict[str, Any] = {"mesh": self._mesh.to_json()}
         if self._ndim is None:
-            data["placements"] = [
-                {"shard": p.dim} if isinstance(p, Shard) else "replicate" for p in self.placements
-            ]
+            data["placements"] = [_placement_json(p) for p in self.placements]
         else:
             data["spec"] = self.spec
         return data
@@ -288,7 +375,17 @@ class Layout:
         mesh = Mesh.from_json(data["mesh"])
         if "spec" in data:
             return cls(mesh, data["spec"])
-        return cls(
-            mesh,
-            [Replicate() if p == "replicate" else Shard(p["shard"]) for p in data["placements"]],
-        )
+        return cls(mesh, [_placement_of_json(p) for p in data["placements"]])
+
+
+def _placement_json(p: Placement) -> Any:
+    if isinstance(p, StridedShard):
+        return {"shard": p.dim, "split_factor": p.split_factor}
+    return {"shard": p.dim} if isinstance(p, Shard) else "replicate"
+
+
+def _placement_of_json(p: Any) -> Placement:
+    if p == "replicate":
+        return Replicate()
+    f = p.get("split_factor", 1)
+    return Shard(p["shard"]) if f == 1 else StridedShard(p["shard"], f)

@@ -6,30 +6,34 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .boxes import Box, box_shape, relative
+from .boxes import Box
 from .checks import as_shape
 from .layout import Layout
 from .ops import AllGather, Broadcast, Copy, Send
 from .plan import Plan
+from .region import Region
 
 __all__ = ["execute_local", "gather", "scatter"]
 
 
-def _local(box: Box, within: Box) -> tuple:
-    """``box`` (global coordinates) relative to the shard ``within``, as an index that gives an
-    array view (a 0-d one for a 0-d tensor, not a scalar)."""
-    return (*relative(box, within), ...)
+def _local(box: Box, within: Region) -> tuple:
+    """``box`` (global coordinates) as an index of the local tensor of the shard ``within``
+    that gives an array view (a 0-d one for a 0-d tensor, not a scalar)."""
+    return (*within.local(box), ...)
 
 
-def _view(box: Box) -> tuple:
-    """``box`` as an index that gives an array view even for a 0-d tensor."""
-    return (*box, ...)
+def _held(region: Region) -> tuple:
+    """An index of the global array giving the elements ``region`` holds, in local order (a
+    view for one box, a copy for several)."""
+    box = region.box
+    return (*box, ...) if box is not None else np.ix_(*region.indices())
 
 
 def scatter(array: np.ndarray, layout: Layout) -> dict[int, np.ndarray]:
-    """Split ``array`` into the shards of ``layout``: ``{rank: copy of its box}``."""
+    """Split ``array`` into the shards of ``layout``: ``{rank: copy of its shard}``."""
     array = np.asarray(array)
-    return {r: array[_view(layout.box(r, array.shape))].copy() for r in layout.mesh.devices}
+    return {r: np.array(array[_held(layout.region(r, array.shape))])
+            for r in layout.mesh.devices}
 
 
 def _check_shards(
@@ -47,7 +51,7 @@ def _check_shards(
         shard = shards[r]
         if not isinstance(shard, np.ndarray):
             raise TypeError(f"{argument}[{r}] must be a numpy array, got {type(shard).__name__}")
-        want = box_shape(layout.box(r, shape))
+        want = layout.region(r, shape).shape
         if shard.shape != want:
             raise ValueError(
                 f"{argument}[{r}] has shape {shard.shape}, but layout "
@@ -72,25 +76,34 @@ def gather(
         raise ValueError(f"shards is missing ranks {missing} of mesh {layout.mesh.notation()}")
     first = np.asarray(shards[devices[0]])
     if shape is None:
-        ndim = first.ndim
-        tiles = layout.tile_of_positions(ndim)
-        extents: list[dict[int, int]] = [{} for _ in range(ndim)]
-        for pos, r in enumerate(devices):
-            for d in range(ndim):
-                extents[d][int(tiles[pos, d])] = np.shape(shards[r])[d]
-        shape = tuple(sum(e.values()) for e in extents)
+        shape = _inferred_shape(shards, layout, first.ndim)
     shape = as_shape(shape)
     _check_shards(shards, layout, shape, first.dtype, "shards")
     out = np.empty(shape, dtype=first.dtype)
     seen = np.zeros(shape, dtype=bool)
     for r in devices:
-        box = _view(layout.box(r, shape))
-        region = out[box]
-        if seen[box].any() and not np.array_equal(region[seen[box]], shards[r][seen[box]]):
+        where = _held(layout.region(r, shape))
+        held, shard = seen[where], np.asarray(shards[r])
+        if held.any() and not np.array_equal(out[where][held], shard[held]):
             raise ValueError(f"shards[{r}] disagrees with another replica of the same region")
-        region[...] = shards[r]
-        seen[box] = True
+        out[where] = shard
+        seen[where] = True
     return out
+
+
+def _inferred_shape(shards: Mapping[int, np.ndarray], layout: Layout, ndim: int) -> tuple:
+    """The global shape of ``shards`` of ``layout``: per dimension, the sum over the tiles of
+    each piece of the local extent a holder of that tile alone has (fused pieces: ValueError,
+    the part sizes are in the layout)."""
+    splits = layout.splits(ndim)
+    if any(s.parts or not s.is_plain for s in splits):
+        raise ValueError(f"give shape: it cannot be inferred for layout {layout.spec!r}")
+    tiles = layout.position_tiles(ndim)
+    extents: list[dict[int, int]] = [{} for _ in range(ndim)]
+    for pos, r in enumerate(layout.mesh.devices):
+        for d in range(ndim):
+            extents[d][int(tiles[d][0][pos])] = np.shape(shards[r])[d]
+    return tuple(sum(e.values()) for e in extents)
 
 
 def execute_local(plan: Plan, shards: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
@@ -105,9 +118,9 @@ def execute_local(plan: Plan, shards: Mapping[int, np.ndarray]) -> dict[int, np.
     plan.check()
     task = plan.task
     _check_shards(shards, task.src, task.shape, task.numpy_dtype, "shards")
-    src_box = {r: task.src_box(r) for r in task.src.mesh.devices}
-    dst_box = {r: task.dst_box(r) for r in task.dst.mesh.devices}
-    out = {r: np.zeros(box_shape(b), dtype=task.numpy_dtype) for r, b in dst_box.items()}
+    src_box = {r: task.src_region(r) for r in task.src.mesh.devices}
+    dst_box = {r: task.dst_region(r) for r in task.dst.mesh.devices}
+    out = {r: np.zeros(b.shape, dtype=task.numpy_dtype) for r, b in dst_box.items()}
 
     def read(rank: int, box: Box) -> np.ndarray:
         return shards[rank][_local(box, src_box[rank])]

@@ -75,26 +75,56 @@ def plan_error(task: Any, topology: Any, ops: Any) -> str | None:
     except BadOp as e:
         i, op = e.args[1], ops[e.args[1]]
         return f"op {i} ({_describe(op)}): {e.args[0]}"
-    bounds = {side: _bounds(task, side) for side in ("src", "dst")}
+    bounds, owners = {}, {}
+    for side in ("src", "dst"):
+        bounds[side], owners[side] = _shard_boxes(task, side)
+        if len(owners[side]) != (task.src if side == "src" else task.dst).mesh.size:
+            for kind in ("src",) if side == "src" else ("dst", "own"):
+                rec.rows[kind] = _onto_boxes(rec.rows[kind], bounds[side], owners[side])
     return (
-        _inside(task, ops, rec, bounds) or _coverage(task, ops, rec, bounds["dst"])
-        or _contributions(task, ops, rec)
+        _inside(task, ops, rec, bounds, owners) or _coverage(task, ops, rec, bounds["dst"],
+                                                             owners["dst"])
+        or _contributions(task, ops, rec, owners["dst"])
     )
 
 
-def _bounds(task: ReshardTask, side: str) -> np.ndarray:
-    """Shard boxes of the source or destination mesh, one row (starts, stops) per position."""
+def _shard_boxes(task: ReshardTask, side: str) -> tuple[np.ndarray, np.ndarray]:
+    """The boxes of the source or destination shards, one row (starts, stops) per box, and the
+    mesh position holding each: one box per position (in order) for a plain layout, each
+    region's boxes for a strided or fused one (the checks below treat a box as a shard)."""
     layout = task.src if side == "src" else task.dst
     d = len(task.shape)
-    tiles = layout.tile_of_positions(d)
-    rows = np.zeros((layout.mesh.size, 2 * d), dtype=np.int64)
-    for j, (starts, stops) in enumerate(layout.tile_bounds(task.shape)):
-        rows[:, j], rows[:, d + j] = starts[tiles[:, j]], stops[tiles[:, j]]
-    return rows
+    rows, owners = [], []
+    for pos, r in enumerate(layout.mesh.devices):
+        if layout.is_plain:
+            boxes = [layout.box(r, task.shape)]
+        else:
+            boxes = [box for box, _ in layout.region(r, task.shape).boxes()]
+        rows += [[s.start for s in b] + [s.stop for s in b] for b in boxes]
+        owners += [pos] * len(boxes)
+    return (np.array(rows, dtype=np.int64).reshape(len(rows), 2 * d),
+            np.array(owners, dtype=np.int64))
+
+
+def _onto_boxes(rows: tuple, shards: np.ndarray, owners: np.ndarray) -> tuple:
+    """Records of positions turned into records of shard boxes: each box goes to the box of its
+    position that holds it (the position's first box if none does: then it is outside)."""
+    ops, pos, boxes = rows
+    d = shards.shape[1] // 2
+    first = np.searchsorted(owners, pos)
+    target = first.copy()
+    for k in range(len(pos)):
+        cands = np.flatnonzero(owners == pos[k])
+        inside = ((boxes[k, :d] >= shards[cands, :d]) & (boxes[k, d:] <= shards[cands, d:])
+                  ).all(axis=1)
+        if inside.any():
+            target[k] = cands[int(np.argmax(inside))]
+    return ops, target, boxes
 
 
 def _inside(
-    task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records, bounds: dict[str, np.ndarray]
+    task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records, bounds: dict[str, np.ndarray],
+    owners: dict[str, np.ndarray],
 ) -> str | None:
     """Reads inside the sender's source shard, deliveries and contributions inside the
     receiver's destination shard: the first operation breaking this, or None."""
@@ -112,7 +142,7 @@ def _inside(
             k = int(np.argmax(bad))
             mesh = task.src.mesh if side == "src" else task.dst.mesh
             found.append((int(ops[k]), verb.format(
-                box=coverage.fmt_flat(boxes[k]), r=mesh.devices[int(pos[k])],
+                box=coverage.fmt_flat(boxes[k]), r=mesh.devices[int(owners[side][pos[k]])],
                 shard=coverage.fmt_flat(shard[k]),
             )))
     if not found:
@@ -122,7 +152,8 @@ def _inside(
 
 
 def _coverage(
-    task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records, shards: np.ndarray
+    task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records, shards: np.ndarray,
+    owners: np.ndarray,
 ) -> str | None:
     """Every destination shard delivered exactly once: None, or the first wrong region."""
     ops, pos, boxes = rec.rows["dst"]
@@ -133,7 +164,7 @@ def _coverage(
     findings = [coverage.locate(p, element, ops, pos, boxes, shards[p]) for p, element in wrong]
     doubles = [f for f in findings if f.later is not None]
     f = min(doubles, key=lambda f: f.later) if doubles else findings[0]
-    r = ranks[f.position]
+    r = ranks[owners[f.position]]
     more = f" ({len(wrong)} destination ranks are wrong in all)" if len(wrong) > 1 else ""
     if f.later is None:
         return (
@@ -147,7 +178,9 @@ def _coverage(
     )
 
 
-def _contributions(task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records) -> str | None:
+def _contributions(
+    task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records, owners: np.ndarray
+) -> str | None:
     """Each all-gather member's part delivered to it by earlier operations: None, or the first
     contribution that is not (coverage is exact by now, so no other delivery overlaps it)."""
     own_ops, own_pos, own = rec.rows["own"]
@@ -165,7 +198,7 @@ def _contributions(task: ReshardTask, plan_ops: tuple[Op, ...], rec: Records) ->
         return None
     i = min(bad)
     k, j = bad[i]
-    r = task.dst.mesh.devices[int(own_pos[k])]
+    r = task.dst.mesh.devices[int(owners[own_pos[k]])]
     return (
         f"op {i} ({_describe(plan_ops[i])}) has rank {r} contribute part "
         f"{coverage.fmt_flat(own[k])} before it holds it: op {int(ops[j])} delivers "

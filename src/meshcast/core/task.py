@@ -9,6 +9,7 @@ per dimension and vectorised, so 100,000 unit slices take milliseconds.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import numpy as np
 from .checks import as_shape
 from .dtypes import DTypeLike, dtype_name, itemsize, numpy_dtype
 from .layout import Box, Layout, box_size
+from .region import Region
 
 __all__ = ["MAX_BYTES", "Decomposition", "ReshardTask", "SliceInfo", "UnitSlice", "iter_slices"]
 
@@ -34,12 +36,17 @@ class UnitSlice(NamedTuple):
 
 
 def _ranks_per_tile(layout: Layout, ndim: int) -> list[tuple[int, ...]]:
-    """Ranks holding each flat tile id of ``layout`` (row-major over per-dimension chunks)."""
+    """Ranks holding each flat tile id of ``layout`` (row-major over per-dimension tiles), in
+    mesh order. Each combination of pieces (a fused dimension's parts) numbers its own tiles."""
     counts = layout.num_tiles(ndim)
-    tiles = layout.tile_of_positions(ndim)
-    flat = np.ravel_multi_index(tiles.T, counts) if ndim else np.zeros(len(tiles), dtype=np.int64)
-    order = np.argsort(flat, kind="stable")
-    devices = np.asarray(layout.mesh.devices, dtype=np.int64)[order]
+    positions = layout.mesh.size
+    flats = [
+        np.ravel_multi_index(combo, counts) if ndim else np.zeros(positions, dtype=np.int64)
+        for combo in itertools.product(*layout.position_tiles(ndim))
+    ]
+    flat = np.concatenate(flats)
+    order = np.argsort(flat, kind="stable")  # positions ascending within a tile
+    devices = np.tile(np.asarray(layout.mesh.devices, dtype=np.int64), len(flats))[order]
     bounds = np.searchsorted(flat[order], np.arange(math.prod(counts) + 1))
     return [tuple(devices[bounds[t] : bounds[t + 1]].tolist()) for t in range(len(bounds) - 1)]
 
@@ -110,16 +117,17 @@ class Decomposition:
         return list(zip(*columns)) if columns else [() for _ in range(len(self))]
 
 
-def _refine(src: tuple[np.ndarray, np.ndarray], dst: tuple[np.ndarray, np.ndarray]):
-    """Atomic intervals of one dimension and the source / destination chunk holding each."""
+def _refine(src: tuple[np.ndarray, ...], dst: tuple[np.ndarray, ...]):
+    """Atomic intervals of one dimension and the source / destination tile holding each (from
+    each side's increasing non-empty runs and their tiles, Layout.dim_runs)."""
     points = np.unique(np.concatenate([src[0], src[1], dst[0], dst[1]]))
     lo, hi = points[:-1], points[1:]
-    # the chunk containing lo is the first whose stop is beyond lo (empty chunks never are)
+    # the run containing lo is the first whose stop is beyond lo
     return (
         lo,
         hi,
-        np.searchsorted(src[1], lo, side="right"),
-        np.searchsorted(dst[1], lo, side="right"),
+        src[2][np.searchsorted(src[1], lo, side="right")],
+        dst[2][np.searchsorted(dst[1], lo, side="right")],
     )
 
 
@@ -185,12 +193,22 @@ class ReshardTask:
         return math.prod(self.shape) * self.itemsize
 
     def src_box(self, rank: int) -> Box | None:
-        """The part of the tensor ``rank`` holds before (None if not in the source mesh)."""
+        """The part of the tensor ``rank`` holds before (None if not in the source mesh);
+        ValueError where it is several boxes (:meth:`src_region`)."""
         return self.src.box(rank, self.shape)
 
     def dst_box(self, rank: int) -> Box | None:
-        """The part of the tensor ``rank`` holds after (None if not in the destination mesh)."""
+        """The part of the tensor ``rank`` holds after (None if not in the destination mesh);
+        ValueError where it is several boxes (:meth:`dst_region`)."""
         return self.dst.box(rank, self.shape)
+
+    def src_region(self, rank: int) -> Region | None:
+        """The region (one or several boxes) ``rank`` holds before, or None."""
+        return self.src.region(rank, self.shape)
+
+    def dst_region(self, rank: int) -> Region | None:
+        """The region (one or several boxes) ``rank`` holds after, or None."""
+        return self.dst.region(rank, self.shape)
 
     @cached_property
     def decomposition(self) -> Decomposition:
@@ -198,7 +216,7 @@ class ReshardTask:
         ndim = len(self.shape)
         per_dim = [
             _refine(s, d)
-            for s, d in zip(self.src.tile_bounds(self.shape), self.dst.tile_bounds(self.shape))
+            for s, d in zip(self.src.dim_runs(self.shape), self.dst.dim_runs(self.shape))
         ]
         counts = tuple(len(lo) for lo, _, _, _ in per_dim)
         cells = np.arange(math.prod(counts), dtype=np.int64)

@@ -7,12 +7,15 @@ supported yet"); :func:`reshard_dtensor` does exactly that, with meshcast's plan
   ranks; every rank of the default group that is in the source or destination mesh must call.
 * ``Partial`` placements on the source are reduced on the way: on the source mesh, before any
   data leaves it, DTensor's own ``redistribute`` turns each ``Partial`` mesh axis into
-  ``Replicate`` (an all-reduce with the Partial's reduce op along that axis). Destination
-  placements must be ``Shard`` or ``Replicate``.
+  ``Replicate`` (an all-reduce with the Partial's reduce op along that axis). A ``Partial``
+  destination axis receives the value replicated, and DTensor's own ``redistribute`` then makes
+  it partial on each rank, without communication, as DTensor does from ``Replicate`` (``sum``:
+  each rank holds value / n; ``avg``, ``max``, ``min``: the value).
 * Uneven sizes follow DTensor's chunking exactly (``Layout`` boxes equal DTensor's local shapes
   and offsets).
-* The whole spec is read (:mod:`.dtensor_spec`): shard order, ``_StridedShard`` (refused unless
-  ``split_factor=1``), sub-meshes (read on the root mesh, the same on every rank).
+* The whole spec is read (:mod:`.dtensor_spec`): shard order, ``_StridedShard`` with any split
+  factor (a shard of several boxes, in DTensor's local order), sub-meshes (read on the root
+  mesh, the same on every rank).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ..planning.many import plan_many
 from .dtensor_spec import layout_from_spec, placement_kind
 
 __all__ = [
+    "PARTIALS",
     "as_dtensor",
     "dtensor_task",
     "layout_from_dtensor",
@@ -44,13 +48,22 @@ __all__ = [
 ]
 
 
+PARTIALS = ("sum", "avg", "max", "min")
+"""Reduce ops of the Partial destinations DTensor can make from a value (``sum``: value / n)."""
+
+
 def layout_from_placements(
     device_mesh: DeviceMesh, placements: Sequence[Any], ndim: int, *, argument: str = "placements"
 ) -> Layout:
     """The meshcast :class:`~meshcast.Layout` of ``placements`` on ``device_mesh``, for a tensor
-    of ``ndim`` dimensions, in DTensor's default shard order. Only ``Shard`` and ``Replicate``
-    are accepted; a sub-mesh is read whole (:mod:`meshcast.interop.dtensor_spec`)."""
+    of ``ndim`` dimensions, in DTensor's default shard order: ``Shard``, ``_StridedShard`` and
+    ``Replicate``; a sub-mesh is read whole (:mod:`meshcast.interop.dtensor_spec`)."""
     return layout_from_spec(device_mesh, placements, ndim, argument=argument)
+
+
+def _replicated(placements: Sequence[Any]) -> tuple[Any, ...]:
+    """``placements`` with every Partial read as Replicate."""
+    return tuple(Replicate() if placement_kind(p) == "partial" else p for p in placements)
 
 
 def _source_spec(dt: DTensor) -> tuple[tuple[Any, ...], Any]:
@@ -60,8 +73,7 @@ def _source_spec(dt: DTensor) -> tuple[tuple[Any, ...], Any]:
     :func:`local_source`), so its order is the default one."""
     placements = tuple(dt.placements)
     if any(placement_kind(p) == "partial" for p in placements):
-        return tuple(Replicate() if placement_kind(p) == "partial" else p
-                     for p in placements), None
+        return _replicated(placements), None
     return placements, getattr(dt._spec, "shard_order", None)
 
 
@@ -70,7 +82,7 @@ def layout_from_dtensor(dt: DTensor) -> Layout:
     placements and shard order.
 
     Raises ``ValueError`` for ``Partial`` placements (reduce first, or use
-    :func:`reshard_dtensor`, which reduces on the way) and for strided sharding.
+    :func:`reshard_dtensor`, which reduces on the way).
     """
     if not isinstance(dt, DTensor):
         raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
@@ -80,14 +92,21 @@ def layout_from_dtensor(dt: DTensor) -> Layout:
 
 
 def dtensor_task(dt: DTensor, device_mesh: DeviceMesh, placements: Sequence[Any]) -> ReshardTask:
-    """The :class:`~meshcast.ReshardTask` moving ``dt`` (Partial read as Replicate) to
-    ``placements`` on ``device_mesh``."""
+    """The :class:`~meshcast.ReshardTask` moving ``dt`` to ``placements`` on ``device_mesh``
+    (Partial read as Replicate on both sides: module docstring)."""
     if not isinstance(dt, DTensor):
         raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
     src_placements, order = _source_spec(dt)
     src = layout_from_spec(dt.device_mesh, src_placements, dt.ndim, shard_order=order,
                            argument="dt.placements")
-    dst = layout_from_placements(device_mesh, placements, dt.ndim)
+    for i, p in enumerate(placements):
+        if placement_kind(p) == "partial" and getattr(p, "reduce_op", None) not in PARTIALS:
+            raise ValueError(
+                f"placements[{i}] is {p!r}: DTensor makes a Partial from a value only for "
+                f"reduce ops {', '.join(PARTIALS)} (a product or bitwise op has no exact "
+                f"inverse); choose one of those or Replicate"
+            )
+    dst = layout_from_placements(device_mesh, _replicated(placements), dt.ndim)
     return ReshardTask(tuple(dt.shape), dt.dtype, src, dst)
 
 
@@ -106,8 +125,7 @@ def local_source(dt: DTensor) -> torch.Tensor | None:
     if dt.device_mesh.get_coordinate() is None:
         return None
     if any(placement_kind(p) == "partial" for p in dt.placements):
-        target = [Replicate() if placement_kind(p) == "partial" else p for p in dt.placements]
-        dt = dt.redistribute(dt.device_mesh, target)
+        dt = dt.redistribute(dt.device_mesh, _replicated(dt.placements))
     return dt.to_local()
 
 
@@ -115,13 +133,18 @@ def as_dtensor(
     out: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Any], task: ReshardTask
 ) -> DTensor:
     """``out``, this rank's destination shard of ``task``, as the DTensor with ``placements`` on
-    ``device_mesh`` (the global shape and contiguous strides of ``task``; no check)."""
+    ``device_mesh`` (the global shape and contiguous strides of ``task``; no check). Partial
+    placements are made from the replicated value by DTensor (module docstring): every rank of
+    ``device_mesh`` calls then."""
     shape = torch.Size(task.shape)
     stride = []
     acc = 1
     for n in reversed(task.shape):
         stride.append(acc)
         acc *= max(n, 1)
+    for axis, p in enumerate(placements):
+        if placement_kind(p) == "partial":  # DTensor's own Replicate -> Partial, on this rank
+            out = p._partition_value(out, device_mesh, axis)
     return DTensor.from_local(
         out, device_mesh, tuple(placements), run_check=False, shape=shape,
         stride=tuple(reversed(stride)),

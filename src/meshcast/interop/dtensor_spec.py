@@ -2,9 +2,11 @@
 
 Everything that decides which elements a rank holds is read, the same way on every rank:
 
-* **Placements.** ``Shard(d)`` and ``Replicate()``; ``_StridedShard`` only with
-  ``split_factor=1`` (exactly a ``Shard``), any other is refused; ``Partial`` is refused here
-  (:func:`meshcast.reshard_dtensor` reduces it first).
+* **Placements.** ``Shard(d)``, ``Replicate()`` and ``_StridedShard(d, split_factor)`` with
+  any split factor (even or uneven sizes, decodable into a shard order or not): a strided step
+  of the layout (core/splits.py: the same chunking as DTensor's ``_split_tensor``), so a rank's
+  shard may be several boxes, held in DTensor's local order. ``Partial`` is not a layout:
+  :func:`meshcast.reshard_dtensor` reduces a Partial source and makes a Partial destination.
 * **Shard order** (torch 2.13's ``DTensorSpec.shard_order``): a tensor dimension sharded over
   several mesh dimensions is chunked over them in that order, first listed major, each chunk
   split again (uneven sizes as ``torch.chunk``, chunk by chunk). That is meshcast's ordered
@@ -32,13 +34,15 @@ from ..core.layout import Layout
 from ..core.layout import Replicate as McReplicate
 from ..core.layout import Shard as McShard
 from ..core.mesh import Mesh
+from ..core.splits import steps_token
 
 __all__ = ["MeshReading", "layout_from_spec", "placement_kind", "read_device_mesh"]
 
 
 def placement_kind(p: Any) -> str:
-    """``"shard"``, ``"replicate"``, ``"partial"``, ``"strided"`` (a ``_StridedShard`` with
-    ``split_factor`` > 1) or ``"other"``."""
+    """``"shard"`` (``Shard``, or ``_StridedShard`` with ``split_factor`` 1), ``"strided"`` (a
+    ``_StridedShard`` with ``split_factor`` > 1), ``"replicate"``, ``"partial"`` or
+    ``"other"``."""
     if isinstance(p, _StridedShard) or type(p).__name__ == "_StridedShard":
         return "shard" if getattr(p, "split_factor", None) == 1 else "strided"
     if isinstance(p, Shard):
@@ -131,26 +135,29 @@ def _root_axes(
     return tuple(axes)
 
 
-def _order(
+def _steps(
     placements: Sequence[Any], shard_order: Any, ndim: int, argument: str
-) -> dict[int, tuple[int, ...]]:
-    """``{tensor dim: mesh dims in shard order}`` from Shard placements and the spec's order."""
-    default: dict[int, list[int]] = {}
+) -> dict[int, tuple[tuple[int, int], ...]]:
+    """``{tensor dim: ((mesh dim, split factor), ...)}`` in the order DTensor applies them:
+    the spec's shard order where it has one (``Shard`` placements only), else the placements
+    left to right, a ``_StridedShard`` with its split factor (splits.py)."""
+    default: dict[int, list[tuple[int, int]]] = {}
     for i, p in enumerate(placements):
-        if placement_kind(p) == "shard":
-            default.setdefault(p.dim + ndim if p.dim < 0 else p.dim, []).append(i)
+        if placement_kind(p) in ("shard", "strided"):
+            f = int(getattr(p, "split_factor", 1)) if placement_kind(p) == "strided" else 1
+            default.setdefault(p.dim + ndim if p.dim < 0 else p.dim, []).append((i, f))
     if shard_order is None:
         return {d: tuple(v) for d, v in default.items()}
-    order: dict[int, tuple[int, ...]] = {}
+    order: dict[int, tuple[tuple[int, int], ...]] = {}
     for entry in shard_order:
         d, dims = int(entry.tensor_dim), tuple(int(m) for m in entry.mesh_dims)
-        if d in order or sorted(dims) != sorted(default.get(d, [])) or not dims:
+        if d in order or sorted(dims) != sorted(m for m, _ in default.get(d, [])) or not dims:
             raise ValueError(
                 f"{argument}: shard_order {tuple(shard_order)!r} does not match the placements "
                 f"{tuple(placements)!r} (each sharded tensor dimension must list exactly the "
                 f"mesh dimensions that shard it)"
             )
-        order[d] = dims
+        order[d] = tuple((m, 1) for m in dims)
     if set(order) != set(default):
         raise ValueError(
             f"{argument}: shard_order {tuple(shard_order)!r} leaves out tensor dimensions "
@@ -162,25 +169,20 @@ def _order(
 def _check_placements(placements: Sequence[Any], ndim: int, argument: str) -> None:
     for i, p in enumerate(placements):
         kind = placement_kind(p)
-        if kind == "shard":
+        if kind in ("shard", "strided"):
             dim = p.dim + ndim if p.dim < 0 else p.dim
             if not 0 <= dim < ndim:
                 raise ValueError(f"{argument}[{i}] is {p!r}, but the tensor has {ndim} dimensions")
         elif kind == "partial":
             raise ValueError(
-                f"{argument}[{i}] is {p!r}: meshcast layouts hold Shard and Replicate only; a "
-                f"Partial source is reduced by meshcast.reshard_dtensor, a Partial destination "
-                f"is not supported"
-            )
-        elif kind == "strided":
-            raise ValueError(
-                f"{argument}[{i}] is {p!r}: strided sharding (_StridedShard with split_factor "
-                f"{p.split_factor}, as FSDP2 + TP or views of sharded DTensors make) is not "
-                f"supported yet; redistribute to Shard/Replicate placements first"
+                f"{argument}[{i}] is {p!r}: a meshcast layout holds no Partial placement; "
+                f"meshcast.reshard_dtensor reduces a Partial source on its mesh and makes a "
+                f"Partial destination from the replicated value, as DTensor's redistribute does"
             )
         elif kind != "replicate":
             raise ValueError(
-                f"{argument}[{i}] is {p!r}: only Shard and Replicate placements are supported"
+                f"{argument}[{i}] is {p!r}: only Shard, _StridedShard, Replicate and Partial "
+                f"placements are supported"
             )
 
 
@@ -203,13 +205,14 @@ def layout_from_spec(
             f"dimensions: give one placement per mesh dimension"
         )
     _check_placements(placements, ndim, argument)
-    order = _order(placements, shard_order, ndim, argument)
-    axes = {d: tuple(reading.axes[m] for m in dims) for d, dims in order.items()}
-    if all(list(a) == sorted(a) for a in axes.values()):  # expressible as placements
+    steps = {d: tuple((reading.axes[m], f) for m, f in v)
+             for d, v in _steps(placements, shard_order, ndim, argument).items()}
+    axes_sorted = all([a for a, _ in v] == sorted(a for a, _ in v) for v in steps.values())
+    if axes_sorted and all(f == 1 for v in steps.values() for _, f in v):
         ours: list[McShard | McReplicate] = [McReplicate()] * reading.mesh.ndim
-        for d, dims in axes.items():
-            for a in dims:
+        for d, v in steps.items():
+            for a, _ in v:
                 ours[a] = McShard(d)
-        return Layout(reading.mesh, ours)
-    spec = "".join("S" + "".join(map(str, axes[d])) if d in axes else "R" for d in range(ndim))
+        return Layout(reading.mesh, ours)  # expressible as placements
+    spec = "".join(steps_token(steps.get(d, ())) for d in range(ndim))
     return Layout(reading.mesh, spec)

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.layout import Box, box_size
+from ..core.layout import box_size
 from ..core.plan import Broadcast
-from .chunks import chunk_boxes, relative
+from ..core.region import Region
+from .chunks import chunk_boxes
 from .p2p import Budget, Failures, Links, PeerFault, Pending
 
 __all__ = ["Relay", "chain_role"]
@@ -64,7 +65,7 @@ class Relay:
     budget: Budget
     failures: Failures
     out: torch.Tensor
-    out_box: Box
+    out_region: Region
     op: Broadcast
     index: int
     feeder: int
@@ -128,7 +129,7 @@ class Relay:
     def _post(self, k: int) -> bool:
         """Post the receive of chunk ``k``; False (nothing posted) if its buffer does not fit the
         budget now while this relay has messages in flight."""
-        view = self.out[relative(self.chunks[k], self.out_box)]
+        view = self.out[self.out_region.local(self.chunks[k])]
         extra, buf, work = 0, view, None
         if not view.is_contiguous():
             nbytes = box_size(self.chunks[k]) * view.element_size()

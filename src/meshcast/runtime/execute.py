@@ -18,7 +18,7 @@ from .detect import real_host_map
 from .errors import ReshardError
 from .p2p import Failures, Links
 from .runner import Runner
-from .tensors import as_carrier, check_local, empty_out, torch_dtype
+from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
 from .transport_collectives import Collectives
 from .transport_p2p import PointToPoint
 
@@ -106,13 +106,13 @@ def reshard(
     ordered: bool = True,
     transport: str | None = None,
     abort: Callable[[], str | None] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Run ``plan`` and return this rank's destination shard (None if it holds none).
 
     Call it on every rank of the default process group (or of ``group``) that the plan involves,
-    with the same plan; plan ranks are ranks of ``group``. ``local`` is this rank's source shard
-    (any strides, any dtype torch has; None where the rank holds nothing). Ranks outside the plan
-    may call it too and get None at once. The plan's topology decides the broadcast routes.
+    with the same plan; plan ranks are ranks of ``group`` (others may call and get None at once).
+    ``local`` is this rank's source shard (any strides and dtype; None where it holds nothing).
 
     Before any data moves, the plan's ranks agree through the process group's store that they
     hold the same plan and ``chunk_bytes`` and that every ``local`` fits the plan (shape, dtype,
@@ -122,16 +122,16 @@ def reshard(
     on it, naming the ranks that failed first, what they were doing and the elapsed time
     (docs/runtime.md, "Failures"). The call returns or raises only once every message it posted
     has completed and every thread it started has ended. ``chunk_bytes`` is the message size of
-    chunked transfers; ``max_inflight_bytes`` bounds the pack/unpack buffers in flight on this
-    rank. ``device`` is where the result goes on a rank without ``local`` (default: CPU, or the
-    current CUDA device on NCCL). With ``ordered`` (the default) a rank runs its operations one
-    after another in plan order, so an operation starts when all its ranks are free: the model of
-    :func:`meshcast.simulate`, which the planner optimises for. ``ordered=False`` posts all of a
-    rank's operations at once and lets them share the links (the plan's order is then only the
-    posting order). ``transport`` (:data:`TRANSPORTS`, docs/runtime.md): ``"p2p"`` or
+    chunked transfers; ``max_inflight_bytes`` bounds the pack/unpack buffers in flight on this rank.
+    ``device``: where the result goes on a rank without ``local`` (CPU, or CUDA on NCCL). With
+    ``ordered`` (the default) a rank runs its operations one after another in plan order (the
+    model of :func:`meshcast.simulate`); ``ordered=False`` posts them all at once and lets them
+    share the links (the plan's order is then only the posting order). ``transport``
+    (:data:`TRANSPORTS`, docs/runtime.md): ``"p2p"`` or
     ``"collectives"``; default ``"collectives"`` for CUDA tensors, else ``"p2p"``. ``abort`` (as
     the pipeline runtime uses it): a function polled while the ranks agree, returning why the
-    caller gave up (the call is then called off on every rank) or None.
+    caller gave up (the call is then called off on every rank) or None. ``out`` (any strides)
+    receives the destination shard in place and is returned; checked like ``local``.
     """
     try:
         inside = _validate(local, plan, group)
@@ -150,14 +150,15 @@ def reshard(
     if not inside:
         next_step(group if group is not None else dist.group.WORLD)
         return None
-    call, dev, how = _join(local, plan, group, timeout, chunk_bytes, max_inflight_bytes, device,
-                           transport, abort)
-    return _transfer(call, local, plan, dev, timeout, chunk_bytes, max_inflight_bytes, ordered,
-                     how)
+    call, dev, how = _join(local, out, plan, group, timeout, chunk_bytes, max_inflight_bytes,
+                           device, transport, abort)
+    return _transfer(call, local, out, plan, dev, timeout, chunk_bytes, max_inflight_bytes,
+                     ordered, how)
 
 
 def _join(
-    local: torch.Tensor | None, plan: Plan, group: dist.ProcessGroup | None, timeout: float,
+    local: torch.Tensor | None, out: torch.Tensor | None, plan: Plan,
+    group: dist.ProcessGroup | None, timeout: float,
     chunk_bytes: int, max_inflight_bytes: int, device: object, transport: str | None,
     abort: Callable[[], str | None] | None,
 ) -> tuple[Call, torch.device, str]:
@@ -169,10 +170,12 @@ def _join(
     error = _bad_argument(timeout, chunk_bytes, max_inflight_bytes, transport)
     if error is None and chunk_bytes < task.itemsize:
         error = f"chunk_bytes={chunk_bytes} must be at least the element size {task.itemsize}"
-    dev = pick_device(local, str(dist.get_backend(group)), device)
+    dev = pick_device(local if local is not None else out, str(dist.get_backend(group)), device)
     how = transport if transport in TRANSPORTS else "collectives" if dev.type == "cuda" else "p2p"
-    why = check_local(local, task.src_box(me), task, me, torch_dtype(task.dtype), dev)
+    why = check_local(local, task.src_region(me), task, me, torch_dtype(task.dtype), dev)
     error = error or (None if why is None else f"local {why}")
+    why = check_out(out, task.dst_region(me), task, me, torch_dtype(task.dtype), dev)
+    error = error or (None if why is None else f"out {why}")
     wait = float(timeout) if error is None else DEFAULT_TIMEOUT
     p2p_group = group if group is not None else dist.group.WORLD
     call = Call(p2p_group, plan.ranks, me, "meshcast.reshard", wait, plan_digest(plan))
@@ -184,7 +187,8 @@ def _join(
 
 
 def _transfer(
-    call: Call, local: torch.Tensor | None, plan: Plan, dev: torch.device, timeout: float,
+    call: Call, local: torch.Tensor | None, into: torch.Tensor | None, plan: Plan,
+    dev: torch.device, timeout: float,
     chunk_bytes: int, max_inflight_bytes: int, ordered: bool, transport: str,
 ) -> torch.Tensor | None:
     """Move the data of an agreed call; this rank's destination shard."""
@@ -193,9 +197,10 @@ def _transfer(
     def to_global(r: int) -> int:
         return r if group is dist.group.WORLD else dist.get_global_rank(group, r)
 
-    dst_box = task.dst_box(me)
+    dst_region = task.dst_region(me)
     src = None if local is None else as_carrier(local)
-    out = None if dst_box is None else empty_out(dst_box, task.itemsize, dev)
+    out = (None if dst_region is None else empty_out(dst_region, task.itemsize, dev)
+           if into is None else as_carrier(into))
     failures = Failures(call, float(timeout))
     # byte counters count by the real hosts
     hosts = real_host_map(plan.ranks, plan.topology.hosts_by_rank, to_global)
@@ -204,7 +209,7 @@ def _transfer(
     Runner(plan, me, src, out, links, moves, failures, chunk_bytes, max_inflight_bytes,
            ordered).run()
     finish_call(call, failures)
-    return None if out is None else out.view(torch_dtype(task.dtype))
+    return into if into is not None else None if out is None else out.view(torch_dtype(task.dtype))
 
 
 def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> bool:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..core.boxes import relative
 from ..core.cache import BoundedCache
 from ..core.plan import Plan
 from ..planning.many import DEFAULT_BUCKET_BYTES, Schedule, Segment, build_schedule
@@ -30,7 +29,7 @@ from .board import Call, next_step
 from .detect import real_host_map
 from .execute import DEFAULT_TIMEOUT, finish_call, pick_device, plan_digest, publish_refusal
 from .p2p import Failures, Links, PeerFault
-from .tensors import as_carrier, check_local, empty_out, torch_dtype
+from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
 
 __all__ = ["ManyStats", "last_many_stats", "reshard_many", "run_many"]
 
@@ -109,6 +108,7 @@ def reshard_many(
     timeout: float = DEFAULT_TIMEOUT,
     device: torch.device | str | None = None,
     names: Sequence[str] | None = None,
+    out: Sequence[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor | None]:
     """Run ``plans[k]`` on ``tensors[k]`` for every k, together; return the destination shards.
 
@@ -125,10 +125,12 @@ def reshard_many(
     or ``bucket_bytes`` that differ between ranks, raise ``ValueError`` everywhere at once, naming
     the tensor (``names[k]`` when given), the rank and the rule. A failed or stopped peer, or any
     wait longer than ``timeout`` seconds, raises :class:`meshcast.ReshardError` as
-    :func:`meshcast.reshard` does.
+    :func:`meshcast.reshard` does. ``out[k]`` (where not None) receives tensor k's destination
+    shard in place and is returned as its result: any strides, e.g. a slice of a fused tensor's
+    shard (:func:`meshcast.fused_part_index`); checked like ``tensors[k]``.
     """
     return run_many(tensors, plans, bucket_bytes=bucket_bytes, timeout=timeout, device=device,
-                    names=names)
+                    names=names, out=out)
 
 
 def run_many(
@@ -140,13 +142,18 @@ def run_many(
     device: torch.device | str | None = None,
     names: Sequence[str] | None = None,
     errors: Sequence[str] = (),
+    out: Sequence[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor | None]:
     """:func:`reshard_many`, with ``errors`` this rank found in its inputs before (messages that
     name the tensor and the rule, as the state-dict integration finds them): the first is raised
     on every rank of the plans as an input error, through the same agreement."""
     plans, tensors = list(plans), list(tensors)
+    outs = [None] * len(plans) if out is None else list(out)
     try:
         _check_arguments(tensors, plans, bucket_bytes, timeout)
+        if len(outs) != len(plans):
+            raise ValueError(f"out has {len(outs)} entries but plans has {len(plans)}: give one "
+                             f"tensor or None per plan")
         schedule = build_schedule(plans, bucket_bytes)
         ranks = schedule.ranks
         if ranks and ranks[-1] >= dist.get_world_size():
@@ -159,9 +166,10 @@ def run_many(
     me = dist.get_rank()
     errors = list(errors)
     if me not in ranks:
-        _outside(tensors, errors, label, me)
+        _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me)
         return [None] * len(plans)
-    call, dev = _join(tensors, plans, ranks, me, errors, label, bucket_bytes, timeout, device)
+    call, dev = _join(tensors, outs, plans, ranks, me, errors, label, bucket_bytes, timeout,
+                      device)
     host_of: dict[int, int] = {}
     for p in plans:
         for r, h in p.topology.hosts_by_rank.items():
@@ -169,12 +177,12 @@ def run_many(
     host_of = real_host_map(ranks, host_of)  # the byte counters count by the real hosts
     links = Links(dist.group.WORLD, me, lambda r: r, host_of, float(timeout))
     failures = Failures(call, float(timeout))
-    run = _Exchange(plans, schedule, me, tensors, dev, links, failures)
+    run = _Exchange(plans, schedule, me, tensors, outs, dev, links, failures)
     run.run()
     finish_call(call, failures)
     _last.put("last", run.stats)
-    return [None if o is None else o.view(torch_dtype(p.task.dtype))
-            for o, p in zip(run.outs, plans)]
+    return [given if given is not None else None if o is None else o.view(torch_dtype(p.task.dtype))
+            for o, p, given in zip(run.outs, plans, outs)]
 
 
 def _outside(tensors: list, errors: list[str], label: list[str], me: int) -> None:
@@ -189,17 +197,21 @@ def _outside(tensors: list, errors: list[str], label: list[str], me: int) -> Non
 
 
 def _join(
-    tensors: list, plans: list[Plan], ranks: Sequence[int], me: int, errors: list[str],
-    label: list[str], bucket_bytes: int, timeout: float, device: torch.device | str | None,
+    tensors: list, outs: list, plans: list[Plan], ranks: Sequence[int], me: int,
+    errors: list[str], label: list[str], bucket_bytes: int, timeout: float,
+    device: torch.device | str | None,
 ) -> tuple[Call, torch.device]:
     """Check this rank's shards and agree with the plans' ranks (raises on every rank if any
     rank cannot go ahead); the call and the results' device."""
-    dev = _device(tensors, device)
-    for k, t in enumerate(tensors):
-        p = plans[k]
-        why = check_local(t, p.task.src_box(me), p.task, me, torch_dtype(p.task.dtype), dev)
+    dev = _device(tensors + outs, device)
+    for k, (t, o) in enumerate(zip(tensors, outs)):
+        task = plans[k].task
+        why = check_local(t, task.src_region(me), task, me, torch_dtype(task.dtype), dev)
         if why is not None:
             errors.append(f"{label[k]} {why}")
+        why = check_out(o, task.dst_region(me), task, me, torch_dtype(task.dtype), dev)
+        if why is not None:
+            errors.append(f"out[{k}] ({label[k]}) {why}")
     digest = _plans_digest(plans, bucket_bytes)
     call = Call(dist.group.WORLD, ranks, me, "meshcast.reshard_many", float(timeout), digest)
     error = None
@@ -224,28 +236,29 @@ def _plans_digest(plans: Sequence[Plan], bucket_bytes: int) -> str:
 class _Exchange:
     """This rank's part of a schedule on carrier tensors (runtime/tensors.py)."""
 
-    def __init__(self, plans: list[Plan], schedule: Schedule, me: int, tensors: list,
+    def __init__(self, plans: list[Plan], schedule: Schedule, me: int, tensors: list, outs: list,
                  dev: torch.device, links: Links, failures: Failures) -> None:
         self.schedule, self.me, self.dev = schedule, me, dev
         self.links, self.failures = links, failures
-        self.src_boxes = [p.task.src_box(me) for p in plans]
-        self.dst_boxes = [p.task.dst_box(me) for p in plans]
+        self.src_regions = [p.task.src_region(me) for p in plans]
+        self.dst_regions = [p.task.dst_region(me) for p in plans]
         self.srcs = [None if t is None else as_carrier(t) for t in tensors]
         self.outs: list[torch.Tensor | None] = [
-            None if b is None else empty_out(b, p.task.itemsize, dev)
-            for p, b in zip(plans, self.dst_boxes)
+            as_carrier(o) if o is not None else None if b is None
+            else empty_out(b, p.task.itemsize, dev)
+            for p, b, o in zip(plans, self.dst_regions, outs)
         ]
         self.stats = ManyStats(buckets=len(schedule.buckets))
 
     def view(self, seg: Segment, side: str) -> torch.Tensor:
         if side == "src" and not seg.from_out:
-            return self.srcs[seg.tensor][relative(seg.box, self.src_boxes[seg.tensor])]
-        return self.outs[seg.tensor][relative(seg.box, self.dst_boxes[seg.tensor])]
+            return self.srcs[seg.tensor][self.src_regions[seg.tensor].local(seg.box)]
+        return self.outs[seg.tensor][self.dst_regions[seg.tensor].local(seg.box)]
 
     def run(self) -> None:
         for k, box in self.schedule.copies_of(self.me):
-            self.outs[k][relative(box, self.dst_boxes[k])].copy_(
-                self.srcs[k][relative(box, self.src_boxes[k])])
+            self.outs[k][self.dst_regions[k].local(box)].copy_(
+                self.srcs[k][self.src_regions[k].local(box)])
         tag = _TAG_BASE
         for bucket in self.schedule.buckets:
             for phase in bucket:

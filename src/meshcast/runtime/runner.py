@@ -23,7 +23,8 @@ import torch
 
 from ..core.layout import Box, box_size
 from ..core.plan import AllGather, Broadcast, Copy, Plan, Send
-from .chunks import boxes_overlap, relative
+from ..core.region import Region
+from .chunks import boxes_overlap
 from .p2p import Budget, Failures, Links, PeerFault, Pending, Reaper
 
 __all__ = ["Moves", "Runner"]
@@ -65,8 +66,8 @@ class Runner:
         self.me = me
         self.local = local
         self.out = out
-        self.src_box = plan.task.src_box(me)
-        self.dst_box = plan.task.dst_box(me)
+        self.src_region = plan.task.src_region(me)
+        self.dst_region = plan.task.dst_region(me)
         self.itemsize = plan.task.itemsize
         self.chunk_bytes = int(chunk_bytes)
         self.ordered = ordered
@@ -120,9 +121,8 @@ class Runner:
         op = self.plan.ops[i]
         if isinstance(op, Copy):
             assert self.out is not None and self.local is not None
-            self.out[relative(op.box, self.dst_box)].copy_(
-                self.local[relative(op.box, self.src_box)]
-            )
+            assert self.src_region is not None and self.dst_region is not None
+            self.out[self.dst_region.local(op.box)].copy_(self.local[self.src_region.local(op.box)])
         elif isinstance(op, Send):
             self.moves.send(self, i, op)
         elif isinstance(op, Broadcast):
@@ -134,7 +134,7 @@ class Runner:
 
     # -- what every transport uses ------------------------------------------------------------
     def send_buffer(
-        self, shard: torch.Tensor, shard_box: Box, chunk: Box, block: bool = True
+        self, shard: torch.Tensor, shard_region: Region, chunk: Box, block: bool = True
     ) -> tuple[torch.Tensor | None, int]:
         """``(buffer, packed bytes)`` holding ``chunk`` of ``shard`` contiguously: the shard's own
         memory where it is contiguous, else a packed copy counted against the budget. ``(None,
@@ -142,7 +142,7 @@ class Runner:
         the packed copy does not fit the budget now."""
         if self.failures.degraded.is_set():
             return None, 0
-        buf = shard[relative(chunk, shard_box)]
+        buf = shard[shard_region.local(chunk)]
         if buf.is_contiguous():
             return buf, 0
         extra = box_size(chunk) * self.itemsize
@@ -159,8 +159,8 @@ class Runner:
         ``out`` where it is contiguous; else a buffer counted against the budget and ``finish``
         copying it into place (after a failure, a scratch buffer: the data is lost anyway).
         ``(None, 0, None)`` when ``block`` is False and the buffer does not fit the budget now."""
-        assert self.out is not None and self.dst_box is not None
-        view = self.out[relative(chunk, self.dst_box)]
+        assert self.out is not None and self.dst_region is not None
+        view = self.out[self.dst_region.local(chunk)]
         if view.is_contiguous():
             return view, 0, None
         nbytes = box_size(chunk) * self.itemsize

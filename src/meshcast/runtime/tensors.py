@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import torch
 
-from ..core.layout import Box, box_shape
+from ..core.region import Region
 from ..core.task import ReshardTask
 
-__all__ = ["as_bytes", "as_carrier", "carrier_dtype", "check_local", "empty_out", "torch_dtype"]
+__all__ = [
+    "as_bytes",
+    "as_carrier",
+    "carrier_dtype",
+    "check_local",
+    "check_out",
+    "empty_out",
+    "torch_dtype",
+]
 
 _CARRIERS = {
     1: torch.uint8,
@@ -63,14 +71,14 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
 
 
-def empty_out(box: Box, itemsize: int, device: torch.device) -> torch.Tensor:
-    """A zeroed contiguous carrier tensor for a destination box."""
-    return torch.zeros(box_shape(box), dtype=carrier_dtype(itemsize), device=device)
+def empty_out(region: Region, itemsize: int, device: torch.device) -> torch.Tensor:
+    """A zeroed contiguous carrier tensor for a destination shard."""
+    return torch.zeros(region.shape, dtype=carrier_dtype(itemsize), device=device)
 
 
 def check_local(
     local: object,
-    box: Box | None,
+    region: Region | None,
     task: ReshardTask,
     rank: int,
     dtype: torch.dtype,
@@ -78,10 +86,10 @@ def check_local(
 ) -> str | None:
     """Why ``local`` cannot be this rank's source shard of ``task`` (None: it can).
 
-    ``box`` is the rank's source box (None: it holds nothing and ``local`` must be None). The
+    ``region`` is the rank's source shard (None: it holds nothing and ``local`` must be None). The
     message names the rank and the rule; it completes "<argument> ...".
     """
-    if box is None:
+    if region is None:
         if local is not None:
             return (
                 f"must be None on rank {rank}: the rank is not in the source mesh "
@@ -96,7 +104,7 @@ def check_local(
     kind = _unsupported_kind(local)
     if kind is not None:
         return f"is {kind} on rank {rank}; meshcast moves plain dense tensors"
-    want = box_shape(box)
+    want = region.shape
     if tuple(local.shape) != want:
         return (
             f"has shape {tuple(local.shape)} on rank {rank}; the source layout "
@@ -106,6 +114,37 @@ def check_local(
         return f"has dtype {local.dtype} on rank {rank}; the plan moves {dtype}"
     if local.device != device:
         return f"is on device {local.device} on rank {rank}; expected {device}"
+    return None
+
+
+def check_out(
+    out: object, region: Region | None, task: ReshardTask, rank: int, dtype: torch.dtype,
+    device: torch.device,
+) -> str | None:
+    """Why ``out`` cannot receive this rank's destination shard of ``task`` in place (None: it
+    can, or it is None and a new tensor is made). Any strides; every element its own memory."""
+    if out is None:
+        return None
+    if region is None:
+        return (f"must be None on rank {rank}: the rank is not in the destination mesh "
+                f"{task.dst.mesh.notation()}, got {type(out).__name__}")
+    if not isinstance(out, torch.Tensor):
+        return f"must be a torch.Tensor or None on rank {rank}, got {type(out).__name__}"
+    kind = _unsupported_kind(out)
+    if kind is None and (out.is_conj() or out.is_neg()):
+        kind = "a lazy conjugate or negative view (its memory is not what it reads as)"
+    if kind is None and any(st == 0 and n > 1 for st, n in zip(out.stride(), out.shape)):
+        kind = "an expanded view (several elements share memory)"
+    if kind is not None:
+        return f"is {kind} on rank {rank}; the result is written into plain dense memory"
+    if tuple(out.shape) != region.shape:
+        return (f"has shape {tuple(out.shape)} on rank {rank}; the destination layout "
+                f"{task.dst.notation()} of global shape {task.shape} gives this rank "
+                f"{region.shape}")
+    if out.dtype != dtype:
+        return f"has dtype {out.dtype} on rank {rank}; the plan moves {dtype}"
+    if out.device != device:
+        return f"is on device {out.device} on rank {rank}; expected {device}"
     return None
 
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..core.layout import Box, box_size
 from ..core.plan import AllGather, Broadcast, Send
-from .chunks import chunk_boxes, relative
+from .chunks import chunk_boxes
 from .groups import group_cache
 from .p2p import Pending
 from .runner import Runner
@@ -85,10 +85,10 @@ class Collectives:
 
         for chunk in chunk_boxes(op.box, runner.itemsize, runner.chunk_bytes):
             if sending:
-                buf, extra = runner.send_buffer(runner.local, runner.src_box, chunk, block=False)
+                buf, extra = runner.send_buffer(runner.local, runner.src_region, chunk, block=False)
                 if buf is None:  # the budget is full: post what is batched, then wait for memory
                     flush()
-                    buf, extra = runner.send_buffer(runner.local, runner.src_box, chunk)
+                    buf, extra = runner.send_buffer(runner.local, runner.src_region, chunk)
                 self._count(runner, peer, buf.numel() * runner.itemsize)
                 fn = dist.isend
             else:
@@ -113,7 +113,7 @@ class Collectives:
         sending = op.src == runner.me
         for chunk in chunk_boxes(op.box, runner.itemsize, runner.chunk_bytes):
             if sending:
-                buf, extra = runner.send_buffer(runner.local, runner.src_box, chunk)
+                buf, extra = runner.send_buffer(runner.local, runner.src_region, chunk)
                 for r in op.dsts:
                     self._count(runner, r, buf.numel() * runner.itemsize)
                 fin = None
@@ -144,7 +144,7 @@ class Collectives:
             dev = runner.out.device
             inp = torch.zeros(n, dtype=torch.uint8, device=dev)
             if runner.me in round_:
-                part = runner.out[relative(round_[runner.me], runner.dst_box)].contiguous()
+                part = runner.out[runner.dst_region.local(round_[runner.me])].contiguous()
                 inp[: part.numel() * runner.itemsize] = as_bytes(part)
                 for r in op.group:
                     if r != runner.me:
@@ -164,7 +164,7 @@ def _device(runner: Runner) -> torch.device:
 def _unpacker(runner: Runner, pieces: dict[int, tuple[Box, torch.Tensor]]):
     def finish() -> None:
         for box, gathered in pieces.values():
-            view = runner.out[relative(box, runner.dst_box)]
+            view = runner.out[runner.dst_region.local(box)]
             nbytes = box_size(box) * runner.itemsize
             view.copy_(gathered[:nbytes].view(view.dtype).reshape(view.shape))
 

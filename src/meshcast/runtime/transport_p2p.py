@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..core.layout import Box
 from ..core.plan import AllGather, Broadcast, Send, broadcast_chain
+from ..core.region import Region
 from .broadcast import Relay, chain_role
 from .chunks import chunk_boxes
 from .p2p import PeerFault, Pending
@@ -32,7 +33,7 @@ class PointToPoint:
         """Send ``op.box`` from the source shard, or receive it, chunk by chunk."""
         what = f"op {i} (send {op.src}->{op.dst})"
         if op.src == runner.me:
-            self._send(runner, runner.local, runner.src_box, op.box, [op.dst], i, what,
+            self._send(runner, runner.local, runner.src_region, op.box, [op.dst], i, what,
                        op.ranks())
         if op.dst == runner.me:
             self._recv(runner, op.box, op.src, i, what, op.ranks())
@@ -43,13 +44,14 @@ class PointToPoint:
         role, feeder, targets = chain_role(chain, runner.me)
         what = f"op {i} (broadcast from {op.src})"
         if role == "sender":
-            self._send(runner, runner.local, runner.src_box, op.box, targets, i, what, op.ranks())
+            self._send(runner, runner.local, runner.src_region, op.box, targets, i, what,
+                       op.ranks())
         elif role == "member":
             self._recv(runner, op.box, feeder, i, what, op.ranks())
         else:
             done = Pending([], f"{what}: relay", op.ranks(), box=op.box)
             relay = Relay(runner.links, runner.budget, runner.failures, runner.out,
-                          runner.dst_box, op, i, feeder, targets, runner.chunk_bytes,
+                          runner.dst_region, op, i, feeder, targets, runner.chunk_bytes,
                           RELAY_WINDOW, done)
             runner.writes.append(done)
             runner.op_items.append(done)
@@ -73,17 +75,17 @@ class PointToPoint:
                     runner.failures.peer(fault)
                 continue
             runner.wait_writes(part)
-            self._send(runner, runner.out, runner.dst_box, part, others, i, what, op.group)
+            self._send(runner, runner.out, runner.dst_region, part, others, i, what, op.group)
 
     @staticmethod
-    def _send(runner: Runner, shard, shard_box: Box, box: Box, targets: list[int], index: int,
+    def _send(runner: Runner, shard, shard_region: Region, box: Box, targets: list[int], index: int,
               what: str, ranks: tuple[int, ...]) -> None:
         failures, links = runner.failures, runner.links
         for chunk in chunk_boxes(box, runner.itemsize, runner.chunk_bytes):
             live = [t for t in targets if failures.sendable(t)]
             if not live:
                 continue
-            buf, extra = runner.send_buffer(shard, shard_box, chunk)
+            buf, extra = runner.send_buffer(shard, shard_region, chunk)
             works = []
             for t in live:
                 try:
