@@ -5,7 +5,7 @@ runtime that moves data over ``torch.distributed`` imports torch when first used
 """
 
 from .core.cache import CacheInfo, cache_info, clear_caches
-from .core.fused import fused_part_index, fused_tasks, part_layout, part_names
+from .core.fused import fused_part_index, fused_part_views, fused_tasks, part_layout, part_names
 from .core.job import job_topology
 from .core.layout import Box, Layout, Placement, Replicate, Shard, StridedShard
 from .core.local import execute_local, gather, scatter
@@ -57,6 +57,7 @@ __all__ = [
     "clear_plan_cache",
     "execute_local",
     "fused_part_index",
+    "fused_part_views",
     "fused_tasks",
     "gather",
     "job_topology",

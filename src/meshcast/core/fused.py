@@ -13,13 +13,14 @@ task per part, planned and run together (:func:`meshcast.plan_many`,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .checks import as_shape
 from .dtypes import DTypeLike
 from .layout import Layout
 from .task import ReshardTask
 
-__all__ = ["fused_part_index", "fused_tasks", "part_layout", "part_names"]
+__all__ = ["fused_part_index", "fused_part_views", "fused_tasks", "part_layout", "part_names"]
 
 
 def _fused_dim(layout: Layout, ndim: int, dim: int | None) -> int:
@@ -80,6 +81,22 @@ def fused_part_index(
                          for j in range(len(shape)))
         offset += n
     raise ValueError(f"layout {layout.spec!r} has no part {name!r}")
+
+
+def fused_part_views(
+    local: Any, layout: Layout, shape: Sequence[int], rank: int, dim: int | None = None
+) -> dict[str, Any]:
+    """``{part name: view}`` of ``rank``'s shard ``local`` (a torch tensor or numpy array) of a
+    fused tensor: each part's shard, in part order, ready for ``reshard_many(out=...)`` or as a
+    source. Empty on a rank off the mesh."""
+    names = part_names(layout, shape, dim)
+    views = {}
+    for name in names:
+        index = fused_part_index(layout, shape, rank, name, dim)
+        if index is None:
+            return {}
+        views[name] = local[index]
+    return views
 
 
 def fused_tasks(
