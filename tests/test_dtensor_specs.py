@@ -168,7 +168,7 @@ def _strided_and_partial_job(rank: int) -> list[str]:
     or not, in both directions; Partial (sum, avg, max, min) destinations."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.placement_types import _StridedShard as SS
 
     check = _Checker(rank)
@@ -202,6 +202,18 @@ def _strided_and_partial_job(rank: int) -> list[str]:
         check.source(dt, glob, what, full_tensor=decodable)
         res = mc.reshard_dtensor(dt, dst, dp, timeout=60)
         check.result(res, glob, dst, dp, what)
+    # Partial sources, reduced by an all-reduce or a reduce-scatter toward the destination
+    glob = torch.arange(7 * 6, dtype=torch.float64).reshape(7, 6)
+    base = distribute_tensor(glob, wide, [Replicate(), Shard(1)], src_data_rank=None)
+    coord = wide.get_coordinate()
+    local = base.to_local() * (coord[0] + 1 if coord is not None else 0)  # sums to 3 * glob
+    partial = DTensor.from_local(local, wide, [Partial("sum"), Shard(1)], run_check=False,
+                                 shape=glob.shape, stride=glob.stride())
+    for how in mc.REDUCTIONS:
+        for dst, dp in [(line, [Shard(0)]), (pair, [Replicate(), SS(1, split_factor=2)]),
+                        (cube, [Replicate(), Replicate(), Replicate()])]:
+            res = mc.reshard_dtensor(partial, dst, dp, timeout=60, reduce_partial=how)
+            check.result(res, glob * 3, dst, dp, f"Partial(sum) x Shard(1) {how} -> {dp}")
     check.refused(lambda: mc.reshard_dtensor(dt, line, [Partial("prod")], timeout=30),
                   ("placements[0]", "Partial(prod)", "sum, avg, max, min"), "Partial(prod)")
     return check.failures

@@ -49,17 +49,17 @@ def _full(name: str, shape) -> np.ndarray:
         np.float32)
 
 
-def _fused_full(fused: str) -> tuple[np.ndarray, int]:
+def _fused_full(fused: str) -> np.ndarray:
     spec, parts = FUSED[fused]
     dim = 0 if spec.startswith("{") else 1
-    return np.concatenate([_full(p, SEPARATE[p][0]) for p in parts], axis=dim), dim
+    return np.concatenate([_full(p, SEPARATE[p][0]) for p in parts], axis=dim)
 
 
 def _job(rank: int) -> dict:
     report: dict = {"into": {}, "out_of": {}}
     tasks, srcs, outs, where = [], [], [], []
     for fused, (spec, parts) in FUSED.items():
-        full, dim = _fused_full(fused)
+        full = _fused_full(fused)
         layout = mc.Layout(ENGINE, spec)
         names = dict(zip(mc.part_names(layout, full.shape), parts))
         sources = {n: mc.Layout(TRAINER, SEPARATE[p][1]) for n, p in names.items()}

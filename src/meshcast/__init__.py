@@ -93,7 +93,8 @@ _RUNTIME_EXPORTS = frozenset(
 
 
 # DTensor and whole-model resharding (meshcast.interop) import torch too.
-_INTEROP_EXPORTS = frozenset({"layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"})
+_INTEROP_EXPORTS = frozenset(
+    {"REDUCTIONS", "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"})
 
 
 def __getattr__(name: str):

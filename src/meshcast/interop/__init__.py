@@ -8,7 +8,7 @@ Planning many tensors at once (``plan_many``) is :mod:`meshcast.planning.many` (
 running them (``reshard_many``) is :mod:`meshcast.runtime.many`.
 """
 
-from .dtensor import layout_from_dtensor, reshard_dtensor
+from .dtensor import REDUCTIONS, layout_from_dtensor, reshard_dtensor
 from .state_dict import reshard_state_dict
 
-__all__ = ["layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"]
+__all__ = ["REDUCTIONS", "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"]

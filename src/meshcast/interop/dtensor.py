@@ -7,7 +7,9 @@ supported yet"); :func:`reshard_dtensor` does exactly that, with meshcast's plan
   ranks; every rank of the default group that is in the source or destination mesh must call.
 * ``Partial`` placements on the source are reduced on the way: on the source mesh, before any
   data leaves it, DTensor's own ``redistribute`` turns each ``Partial`` mesh axis into
-  ``Replicate`` (an all-reduce with the Partial's reduce op along that axis). A ``Partial``
+  ``Replicate`` (an all-reduce with the Partial's reduce op along that axis), or with
+  ``reduce_partial="reduce_scatter"`` into ``Shard`` of the dimension the destination splits (a
+  reduce-scatter: half the bytes on the source mesh; docs/dtensor.md measures both). A ``Partial``
   destination axis receives the value replicated, and DTensor's own ``redistribute`` then makes
   it partial on each rank, without communication, as DTensor does from ``Replicate`` (``sum``:
   each rank holds value / n; ``avg``, ``max``, ``min``: the value).
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..core.job import job_topology
 from ..core.layout import Layout
@@ -38,11 +40,13 @@ from .dtensor_spec import layout_from_spec, placement_kind
 
 __all__ = [
     "PARTIALS",
+    "REDUCTIONS",
     "as_dtensor",
     "dtensor_task",
     "layout_from_dtensor",
     "layout_from_placements",
     "local_source",
+    "reduced_placements",
     "reshard_dtensor",
     "resolve_topology",
 ]
@@ -66,15 +70,35 @@ def _replicated(placements: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(Replicate() if placement_kind(p) == "partial" else p for p in placements)
 
 
-def _source_spec(dt: DTensor) -> tuple[tuple[Any, ...], Any]:
-    """``dt``'s placements with Partial read as Replicate, and its shard order (None: default).
+REDUCTIONS = ("all_reduce", "reduce_scatter")
+"""How a Partial source is reduced on its mesh: to ``Replicate`` (an all-reduce, every rank then
+holds the sum), or to ``Shard`` of the dimension the destination splits (a reduce-scatter: half
+the bytes on the source mesh, each rank then holds one piece to send)."""
 
-    A Partial source is reduced by ``redistribute`` to a spec in the default order (see
-    :func:`local_source`), so its order is the default one."""
-    placements = tuple(dt.placements)
-    if any(placement_kind(p) == "partial" for p in placements):
-        return _replicated(placements), None
-    return placements, getattr(dt._spec, "shard_order", None)
+
+def reduced_placements(
+    dt: DTensor, placements: Sequence[Any], reduce_partial: str = "all_reduce"
+) -> tuple[Any, ...]:
+    """``dt``'s placements with every Partial reduced as ``reduce_partial`` says
+    (:data:`REDUCTIONS`), toward the destination ``placements``: ``reduce_scatter`` shards the
+    first tensor dimension the destination shards, else the longest one."""
+    if reduce_partial not in REDUCTIONS:
+        raise ValueError(f"reduce_partial must be one of {', '.join(map(repr, REDUCTIONS))}, "
+                         f"got {reduce_partial!r}")
+    if reduce_partial == "all_reduce" or dt.ndim == 0:
+        return _replicated(dt.placements)
+    split = [p.dim % dt.ndim for p in placements if placement_kind(p) in ("shard", "strided")]
+    dim = split[0] if split else max(range(dt.ndim), key=lambda d: (dt.shape[d], -d))
+    return tuple(Shard(dim) if placement_kind(p) == "partial" else p for p in dt.placements)
+
+
+def _source_spec(dt: DTensor, reduced: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+    """``dt``'s placements after reducing its Partial ones to ``reduced``, and its shard order
+    (None: default). A Partial source is reduced by ``redistribute`` to a spec in the default
+    order (see :func:`local_source`), so its order is the default one."""
+    if any(placement_kind(p) == "partial" for p in dt.placements):
+        return reduced, None
+    return tuple(dt.placements), getattr(dt._spec, "shard_order", None)
 
 
 def layout_from_dtensor(dt: DTensor) -> Layout:
@@ -91,12 +115,16 @@ def layout_from_dtensor(dt: DTensor) -> Layout:
                             argument="dt.placements")
 
 
-def dtensor_task(dt: DTensor, device_mesh: DeviceMesh, placements: Sequence[Any]) -> ReshardTask:
+def dtensor_task(
+    dt: DTensor, device_mesh: DeviceMesh, placements: Sequence[Any],
+    reduce_partial: str = "all_reduce",
+) -> ReshardTask:
     """The :class:`~meshcast.ReshardTask` moving ``dt`` to ``placements`` on ``device_mesh``
-    (Partial read as Replicate on both sides: module docstring)."""
+    (a Partial source reduced as ``reduce_partial`` says, a Partial destination read as
+    Replicate: module docstring)."""
     if not isinstance(dt, DTensor):
         raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
-    src_placements, order = _source_spec(dt)
+    src_placements, order = _source_spec(dt, reduced_placements(dt, placements, reduce_partial))
     src = layout_from_spec(dt.device_mesh, src_placements, dt.ndim, shard_order=order,
                            argument="dt.placements")
     for i, p in enumerate(placements):
@@ -119,13 +147,16 @@ def resolve_topology(topology: Topology | None) -> Topology | None:
     return job_topology()
 
 
-def local_source(dt: DTensor) -> torch.Tensor | None:
-    """This rank's source shard of ``dt``, with Partial mesh axes reduced (a collective on the
-    source mesh: every rank of it must call); None off the source mesh."""
+def local_source(
+    dt: DTensor, placements: Sequence[Any] = (), reduce_partial: str = "all_reduce"
+) -> torch.Tensor | None:
+    """This rank's source shard of ``dt``, with Partial mesh axes reduced toward the destination
+    ``placements`` as :func:`reduced_placements` says (a collective on the source mesh: every
+    rank of it must call); None off the source mesh."""
     if dt.device_mesh.get_coordinate() is None:
         return None
     if any(placement_kind(p) == "partial" for p in dt.placements):
-        dt = dt.redistribute(dt.device_mesh, _replicated(dt.placements))
+        dt = dt.redistribute(dt.device_mesh, reduced_placements(dt, placements, reduce_partial))
     return dt.to_local()
 
 
@@ -161,6 +192,7 @@ def reshard_dtensor(
     balance: str | None = None,
     timeout: float | None = None,
     plan: Plan | None = None,
+    reduce_partial: str = "all_reduce",
     **runtime_options: Any,
 ) -> DTensor | None:
     """Move ``dt`` to ``device_mesh`` with ``placements``; return the new DTensor, or None on a
@@ -169,7 +201,8 @@ def reshard_dtensor(
     Works where ``dt.redistribute`` refuses: disjoint, overlapping or identical meshes, uneven
     shards as DTensor makes them. Call it on every rank of the default process group (SPMD: every
     rank holds a DTensor object; ranks outside both meshes return None at once). ``Partial``
-    source placements are reduced on the source mesh first (module docstring). ``strategy`` and
+    source placements are reduced on the source mesh first, as ``reduce_partial`` says
+    (:data:`REDUCTIONS`; module docstring). ``strategy`` and
     ``balance`` go to :func:`meshcast.plan` (default: ``balance="auto"``); ``topology`` defaults
     to :func:`resolve_topology`. Plans are cached by (shape, dtype, layouts, topology, options);
     ``plan`` skips planning altogether. Other keyword arguments (``bucket_bytes``) go to
@@ -179,24 +212,20 @@ def reshard_dtensor(
     from ..runtime.execute import DEFAULT_TIMEOUT
     from ..runtime.many import reshard_many
 
-    task = dtensor_task(dt, device_mesh, placements)
+    task = dtensor_task(dt, device_mesh, placements, reduce_partial)
     me = dist.get_rank()
     in_src = task.src.mesh.position(me) is not None
     in_dst = task.dst.mesh.position(me) is not None
-    if plan is None:
-        if not (in_src or in_dst):
-            return None
-        topo = resolve_topology(topology)
-        if balance is None and strategy is None:
-            balance = "auto"
-        (plan,) = plan_many([task], topo, strategy=strategy, balance=balance)
-    elif plan.task != task:
+    if plan is not None and plan.task != task:
         raise ValueError(
             f"plan is for {plan.task.describe()}, but dt and the destination give {task.describe()}"
         )
     if not (in_src or in_dst):
         return None
-    local = local_source(dt)
+    if plan is None:
+        auto = "auto" if balance is None and strategy is None else balance
+        (plan,) = plan_many([task], resolve_topology(topology), strategy=strategy, balance=auto)
+    local = local_source(dt, placements, reduce_partial)
     device = torch.device(device_mesh.device_type) if device_mesh.device_type == "cpu" else None
     (out,) = reshard_many(
         [local],

@@ -45,6 +45,7 @@ def reshard_state_dict(
     balance: str | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     timeout: float | None = None,
+    reduce_partial: str = "all_reduce",
 ) -> dict[str, Any]:
     """Move every tensor of ``state_dict`` to the destination ``layouts`` declares for it.
 
@@ -54,7 +55,8 @@ def reshard_state_dict(
     its declared layout raises ``ValueError`` on every rank, naming the tensor and the rule.
     ``strategy``/``balance`` go to :func:`meshcast.plan_many` (default: joint broadcast plan);
     ``topology`` defaults to :func:`meshcast.interop.dtensor.resolve_topology`; ``bucket_bytes``
-    bounds each rank's staging memory (:func:`meshcast.reshard_many`).
+    bounds each rank's staging memory (:func:`meshcast.reshard_many`); ``reduce_partial`` says
+    how Partial DTensors are reduced on their mesh (:func:`meshcast.reshard_dtensor`).
     """
     from ..runtime.execute import DEFAULT_TIMEOUT
     from .dtensor import as_dtensor, resolve_topology
@@ -72,7 +74,7 @@ def reshard_state_dict(
         for name in state_dict if name not in layouts
     ]
     dtensor_form = any(_is_dtensor(v) for v in state_dict.values())
-    tasks, locals_ = _entries(state_dict, layouts, dtensor_form)
+    tasks, locals_ = _entries(state_dict, layouts, dtensor_form, reduce_partial)
     plans = plan_many(tasks, resolve_topology(topology), strategy=strategy, balance=balance)
     outs = run_many(
         locals_,
@@ -91,7 +93,8 @@ def reshard_state_dict(
 
 
 def _entries(
-    state_dict: Mapping[str, Any], layouts: Mapping[str, Any], dtensor_form: bool
+    state_dict: Mapping[str, Any], layouts: Mapping[str, Any], dtensor_form: bool,
+    reduce_partial: str,
 ) -> tuple[list[ReshardTask], list[torch.Tensor | None]]:
     """The task and this rank's source shard of every name of ``layouts``, in order."""
     from .dtensor import dtensor_task, local_source
@@ -119,8 +122,8 @@ def _entries(
                 f"layouts[{name!r}] must be (device_mesh, placements) for a DTensor, got {spec!r}"
             )
         try:
-            tasks.append(dtensor_task(value, spec[0], spec[1]))
+            tasks.append(dtensor_task(value, spec[0], spec[1], reduce_partial))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"layouts[{name!r}]: {exc}") from None
-        locals_.append(local_source(value))
+        locals_.append(local_source(value, spec[1], reduce_partial))
     return tasks, locals_
