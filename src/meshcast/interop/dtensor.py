@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ..core.job import job_topology
 from ..core.layout import Layout
@@ -128,7 +128,14 @@ def dtensor_task(
     src = layout_from_spec(dt.device_mesh, src_placements, dt.ndim, shard_order=order,
                            argument="dt.placements")
     for i, p in enumerate(placements):
-        if placement_kind(p) == "partial" and getattr(p, "reduce_op", None) not in PARTIALS:
+        if placement_kind(p) != "partial":
+            continue
+        if type(p) is not Partial:
+            raise ValueError(
+                f"placements[{i}] is {p!r}: an internal DTensor placement (a masked partial of "
+                f"an embedding lookup) cannot be a destination; use Partial or Replicate"
+            )
+        if p.reduce_op not in PARTIALS:
             raise ValueError(
                 f"placements[{i}] is {p!r}: DTensor makes a Partial from a value only for "
                 f"reduce ops {', '.join(PARTIALS)} (a product or bitwise op has no exact "
