@@ -17,16 +17,25 @@ several boxes (:meth:`Layout.region`), held in global order.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .boxes import Box, box_shape, box_size, split_box
-from .checks import as_index, as_shape
+from .checks import as_shape
 from .mesh import Mesh
+from .placements import (
+    Placement,
+    Replicate,
+    Shard,
+    StridedShard,
+    placement_json,
+    placement_of_json,
+    splits_of_placements,
+)
 from .region import Region
 from .splits import DimSplit, parse_token, tile_runs, tiles_of_positions
 
@@ -43,37 +52,6 @@ __all__ = [
     "split_box",
 ]
 
-@dataclass(frozen=True)
-class Shard:
-    """DTensor-style placement: this mesh axis splits tensor dimension ``dim``."""
-
-    dim: int
-
-    def __post_init__(self) -> None:
-        as_index(self.dim, "Shard.dim")
-
-
-@dataclass(frozen=True)
-class StridedShard:
-    """DTensor's ``_StridedShard(dim, split_factor)``: this mesh axis splits each of
-    ``split_factor`` equal pieces of dimension ``dim`` (see splits.py); 1 is :class:`Shard`."""
-
-    dim: int
-    split_factor: int
-
-    def __post_init__(self) -> None:
-        as_index(self.dim, "StridedShard.dim")
-        if as_index(self.split_factor, "StridedShard.split_factor") < 1:
-            raise ValueError(f"StridedShard.split_factor must be >= 1, got {self.split_factor}")
-
-
-@dataclass(frozen=True)
-class Replicate:
-    """DTensor-style placement: this mesh axis holds replicas."""
-
-
-Placement = Shard | StridedShard | Replicate
-
 _TOKEN = re.compile(r"R|S(?:\d(?:\[\d+\])?)+|\{[^{}]*\}")
 
 
@@ -87,23 +65,6 @@ def _parse_spec(spec: str) -> tuple[DimSplit, ...]:
             f"'{{q=4096:S1+k=1024:S1}}R')"
         )
     return tuple(parse_token(tok, spec) for tok in tokens)
-
-
-def _from_placements(placements: Sequence[Any], mesh: Mesh) -> dict[int, DimSplit]:
-    if len(placements) != mesh.ndim:
-        raise ValueError(
-            f"spec has {len(placements)} placements but the mesh has {mesh.ndim} axes: "
-            f"give one Shard/Replicate per mesh axis"
-        )
-    steps: dict[int, tuple[tuple[int, int], ...]] = {}
-    for axis, p in enumerate(placements):
-        if isinstance(p, (Shard, StridedShard)):
-            f = p.split_factor if isinstance(p, StridedShard) else 1
-            steps[p.dim] = (*steps.get(p.dim, ()), (axis, f))
-        elif not isinstance(p, Replicate):
-            raise TypeError(
-                f"spec[{axis}] must be meshcast.Shard, StridedShard or Replicate, got {p!r}")
-    return {d: DimSplit(steps=s) for d, s in steps.items()}
 
 
 def _chunk_bounds(n: int, ks: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +104,7 @@ class Layout:
             dims = {d: split for d, split in enumerate(per_dim) if split.steps or split.parts}
         elif isinstance(spec, Sequence):
             self._ndim = None
-            dims = _from_placements(spec, self._mesh)
+            dims = splits_of_placements(spec, self._mesh)
         else:
             raise TypeError(
                 f"spec must be a string like 'S0RR' or a list of placements, got {spec!r}"
@@ -298,12 +259,31 @@ class Layout:
         if pos is None:
             self.check_ndim(len(shape))
             return None
-        runs = []
+        return self.regions(shape)[rank]
+
+    def regions(self, shape: Sequence[int]) -> dict[int, Region]:
+        """Every rank's :meth:`region`, computed together (the runs of each dimension once)."""
+        shape = as_shape(shape)
+        if self.is_plain:
+            return {r: Region.of_box(self.box(r, shape)) for r in self._mesh.devices}
+        per_dim = []
         for (starts, stops, tiles), pieces in zip(self.dim_runs(shape),
                                                   self.position_tiles(len(shape))):
-            mine = np.isin(tiles, [int(p[pos]) for p in pieces])
-            runs.append(list(zip(starts[mine].tolist(), stops[mine].tolist())))
-        return Region(runs)
+            order = np.argsort(tiles, kind="stable")  # runs by tile, increasing within a tile
+            bounds = np.searchsorted(tiles[order], np.arange(max(tiles.max(initial=-1) + 2,
+                                                                 1)))
+            runs_of = [list(zip(starts[order[a:b]].tolist(), stops[order[a:b]].tolist()))
+                       for a, b in itertools.pairwise(bounds)]
+            per_dim.append((runs_of, pieces))
+        out = {}
+        for pos, rank in enumerate(self._mesh.devices):
+            runs = []
+            for runs_of, pieces in per_dim:
+                mine = [run for p in pieces if int(p[pos]) < len(runs_of)
+                        for run in runs_of[int(p[pos])]]
+                runs.append(sorted(mine))
+            out[rank] = Region(runs)
+        return out
 
     def box(self, rank: int, shape: Sequence[int]) -> Box | None:
         """The region of a global tensor of ``shape`` that ``rank`` holds (None: not in mesh);
@@ -364,7 +344,7 @@ class Layout:
         """Plain-data form."""
         data: dict[str, Any] = {"mesh": self._mesh.to_json()}
         if self._ndim is None:
-            data["placements"] = [_placement_json(p) for p in self.placements]
+            data["placements"] = [placement_json(p) for p in self.placements]
         else:
             data["spec"] = self.spec
         return data
@@ -375,17 +355,5 @@ class Layout:
         mesh = Mesh.from_json(data["mesh"])
         if "spec" in data:
             return cls(mesh, data["spec"])
-        return cls(mesh, [_placement_of_json(p) for p in data["placements"]])
+        return cls(mesh, [placement_of_json(p) for p in data["placements"]])
 
-
-def _placement_json(p: Placement) -> Any:
-    if isinstance(p, StridedShard):
-        return {"shard": p.dim, "split_factor": p.split_factor}
-    return {"shard": p.dim} if isinstance(p, Shard) else "replicate"
-
-
-def _placement_of_json(p: Any) -> Placement:
-    if p == "replicate":
-        return Replicate()
-    f = p.get("split_factor", 1)
-    return Shard(p["shard"]) if f == 1 else StridedShard(p["shard"], f)

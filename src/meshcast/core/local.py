@@ -32,8 +32,8 @@ def _held(region: Region) -> tuple:
 def scatter(array: np.ndarray, layout: Layout) -> dict[int, np.ndarray]:
     """Split ``array`` into the shards of ``layout``: ``{rank: copy of its shard}``."""
     array = np.asarray(array)
-    return {r: np.array(array[_held(layout.region(r, array.shape))])
-            for r in layout.mesh.devices}
+    return {r: np.array(array[_held(region)])
+            for r, region in layout.regions(array.shape).items()}
 
 
 def _check_shards(
@@ -45,13 +45,14 @@ def _check_shards(
 ) -> None:
     if not isinstance(shards, Mapping):
         raise TypeError(f"{argument} must be a dict {{rank: ndarray}}, got {type(shards).__name__}")
+    regions = layout.regions(shape)
     for r in layout.mesh.devices:
         if r not in shards:
             raise ValueError(f"{argument} is missing rank {r} of mesh {layout.mesh.notation()}")
         shard = shards[r]
         if not isinstance(shard, np.ndarray):
             raise TypeError(f"{argument}[{r}] must be a numpy array, got {type(shard).__name__}")
-        want = layout.region(r, shape).shape
+        want = regions[r].shape
         if shard.shape != want:
             raise ValueError(
                 f"{argument}[{r}] has shape {shard.shape}, but layout "
@@ -81,8 +82,8 @@ def gather(
     _check_shards(shards, layout, shape, first.dtype, "shards")
     out = np.empty(shape, dtype=first.dtype)
     seen = np.zeros(shape, dtype=bool)
-    for r in devices:
-        where = _held(layout.region(r, shape))
+    for r, region in layout.regions(shape).items():
+        where = _held(region)
         held, shard = seen[where], np.asarray(shards[r])
         if held.any() and not np.array_equal(out[where][held], shard[held]):
             raise ValueError(f"shards[{r}] disagrees with another replica of the same region")

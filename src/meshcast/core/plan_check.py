@@ -95,11 +95,12 @@ def _shard_boxes(task: ReshardTask, side: str) -> tuple[np.ndarray, np.ndarray]:
     layout = task.src if side == "src" else task.dst
     d = len(task.shape)
     rows, owners = [], []
+    regions = {} if layout.is_plain else layout.regions(task.shape)
     for pos, r in enumerate(layout.mesh.devices):
         if layout.is_plain:
             boxes = [layout.box(r, task.shape)]
         else:
-            boxes = [box for box, _ in layout.region(r, task.shape).boxes()]
+            boxes = [box for box, _ in regions[r].boxes()]
         rows += [[s.start for s in b] + [s.stop for s in b] for b in boxes]
         owners += [pos] * len(boxes)
     return (np.array(rows, dtype=np.int64).reshape(len(rows), 2 * d),

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .boxes import Box, relative
+from .boxes import Box
 
 __all__ = ["Region"]
 
@@ -104,9 +104,3 @@ class Region:
 def _fmt(box: Box) -> str:
     return "[" + ", ".join(f"{s.start}:{s.stop}" for s in box) + "]"
 
-
-def local_of(box: Box, within: Box | Region) -> tuple[slice, ...]:
-    """``box`` as slices of the local tensor of a shard that is a box or a region."""
-    if isinstance(within, Region):
-        return within.local(box)
-    return relative(box, within)

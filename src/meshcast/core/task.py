@@ -204,11 +204,21 @@ class ReshardTask:
 
     def src_region(self, rank: int) -> Region | None:
         """The region (one or several boxes) ``rank`` holds before, or None."""
-        return self.src.region(rank, self.shape)
+        if self.src.is_plain:
+            return self.src.region(rank, self.shape)
+        return self._regions["src"].get(rank)
 
     def dst_region(self, rank: int) -> Region | None:
         """The region (one or several boxes) ``rank`` holds after, or None."""
-        return self.dst.region(rank, self.shape)
+        if self.dst.is_plain:
+            return self.dst.region(rank, self.shape)
+        return self._regions["dst"].get(rank)
+
+    @cached_property
+    def _regions(self) -> dict[str, dict[int, Region]]:
+        """Every rank's regions of a strided or fused side, computed once per task."""
+        return {side: {} if layout.is_plain else layout.regions(self.shape)
+                for side, layout in (("src", self.src), ("dst", self.dst))}
 
     @cached_property
     def decomposition(self) -> Decomposition:
