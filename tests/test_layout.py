@@ -1,5 +1,7 @@
 """Meshes and layouts: notation, placements, boxes with torch.chunk / DTensor semantics."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -82,3 +84,41 @@ def test_dim_runs_partition(spec):
         assert starts[0] == 0 and stops[-1] == n
         assert np.array_equal(starts[1:], stops[:-1])
         assert (stops > starts).all() and (tiles < layout.num_tiles(2)[0 if n == 7 else 1]).all()
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("2x2:S0[0]R", "split factor 0"),
+    ("2x2:S0[2R", "is not a layout"),
+    ("2x2:S00R", "uses mesh axis 0 twice"),
+    ("2x2:{a=2:S0+a=2:S1}R", "repeats a part name"),
+    ("2x2:{a=2:S00}R", "uses mesh axis 0 twice"),
+    ("2x2:{a=2:S0+b=2:S1}S0", "uses mesh axis 0 twice"),
+    ("2x2:{a2:S0}R", "is not NAME=SIZE:SPLIT"),
+    ("2x2:S2R", "the mesh has 2 axes"),
+])
+def test_bad_strided_and_fused_specs_name_the_rule(text, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        mc.Layout.parse(text)
+
+
+def test_fused_parts_must_add_up_to_the_dimension():
+    src = mc.Layout.parse("2:{q=4:S0+k=2:R}R")
+    with pytest.raises(ValueError, match=re.escape("has parts of 4 + 2 = 6")):
+        mc.ReshardTask((7, 3), "float32", src, mc.Layout.parse("2@2:S0R"))
+
+
+def test_strided_and_fused_layouts_round_trip_and_compare():
+    for text in ["2x2:S0[2]1R", "4:S0[3]", "2x2@4:{q=8:S01+k=4:S0+v=4:S0}R",
+                 "2x2:S0{a=3:S1+b=5:R}"]:
+        layout = mc.Layout.parse(text)
+        assert mc.Layout.parse(layout.notation()) == layout
+        assert mc.Layout.from_json(layout.to_json()) == layout
+    assert mc.Layout.parse("2x2:S0[1]1R") == mc.Layout.parse("2x2:S01R")
+    mesh = mc.Mesh.from_range(0, (2, 2))
+    placed = mc.Layout(mesh, [mc.StridedShard(0, 2), mc.Shard(0)])
+    assert placed.region(1, (8, 4)) == mc.Layout.parse("2x2:S0[2]1R").region(1, (8, 4))
+    assert mc.Layout.from_json(placed.to_json()) == placed
+    with pytest.raises(ValueError, match="no DTensor-style placements"):
+        _ = mc.Layout.parse("2x2:S10").placements
+    with pytest.raises(ValueError, match="several boxes"):
+        mc.Layout.parse("4:S0[2]").box(0, (13,))

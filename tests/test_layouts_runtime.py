@@ -60,8 +60,24 @@ def _run(rank: int) -> dict:
                     got = meshcast.reshard(local(k), p, chunk_bytes=16, transport=transport)
                     out["reshard"].append(((k, strategy, balance, transport), same(k, got)))
     plans = [meshcast.plan(t, TOPOLOGY) for t in tasks]
-    got = meshcast.reshard_many([local(k) for k in range(len(tasks))], plans, bucket_bytes=96)
-    out["many"] = [same(k, g) for k, g in enumerate(got)]
+    # in place: every destination rank passes its own output tensors (strided views of bigger
+    # buffers), and gets the very same tensors back, filled
+    bufs = [None if t.dst_region(rank) is None else
+            torch.full((*t.dst_region(rank).shape, 2), -1, dtype=torch.int32)[..., 0]
+            for t in tasks]
+    got = meshcast.reshard_many([local(k) for k in range(len(tasks))], plans, bucket_bytes=96,
+                                out=bufs)
+    out["many"] = [same(k, g) and g is b for k, (g, b) in enumerate(zip(got, bufs))]
+    # an out tensor of the wrong shape on one rank: refused on every rank, nothing moves
+    wrong = None if tasks[0].dst_region(rank) is None else torch.zeros(
+        tasks[0].dst_region(rank).shape, dtype=torch.int32)
+    if rank == 5:
+        wrong = torch.zeros(1, dtype=torch.int32)
+    try:
+        meshcast.reshard(local(0), plans[0], out=wrong)
+        out["refusal"] = "no error"
+    except ValueError as exc:
+        out["refusal"] = str(exc)
     return out
 
 
@@ -79,3 +95,8 @@ def test_strided_and_fused_layouts_reshard_exactly(job: list[dict]) -> None:
 
 def test_strided_and_fused_layouts_in_reshard_many_buckets(job: list[dict]) -> None:
     assert [r["many"] for r in job] == [[True] * len(CASES)] * WORLD
+
+
+def test_a_bad_out_tensor_on_one_rank_is_refused_on_every_rank(job: list[dict]) -> None:
+    for r in job:
+        assert "out has shape (1,) on rank 5" in r["refusal"], r["refusal"]

@@ -213,6 +213,20 @@ class Layout:
                 f"{self._dims[-1][0]}"
             )
 
+    def check_shape(self, shape: Sequence[int], argument: str = "shape") -> None:
+        """Raise ValueError (naming ``argument``) unless this layout fits a tensor of ``shape``:
+        its number of dimensions, and each fused dimension's parts adding up to its size."""
+        shape = as_shape(shape)
+        self.check_ndim(len(shape), argument)
+        for d, split in self._dims:
+            sizes = split.sizes()
+            if sizes is not None and sum(sizes) != shape[d]:
+                raise ValueError(
+                    f"{argument} has {shape[d]} indices in dimension {d}, but the fused "
+                    f"dimension {split.token()} of layout {self.spec!r} has parts of "
+                    f"{' + '.join(map(str, sizes))} = {sum(sizes)}"
+                )
+
     # -- geometry ---------------------------------------------------------------------------
     def dim_runs(self, shape: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per tensor dimension, ``(starts, stops, tiles)``: its non-empty runs in increasing order

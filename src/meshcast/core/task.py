@@ -169,7 +169,7 @@ class ReshardTask:
         for argument, layout in (("src", src), ("dst", dst)):
             if not isinstance(layout, Layout):
                 raise TypeError(f"{argument} must be a meshcast.Layout, got {layout!r}")
-            layout.check_ndim(len(shape), argument=f"shape {shape}")
+            layout.check_shape(shape, argument=f"shape {shape}")
         name = dtype_name(dtype)
         _check_size(shape, name)
         object.__setattr__(self, "shape", shape)
