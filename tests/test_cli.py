@@ -288,3 +288,15 @@ def test_demo_runs_every_strategy_exactly(capsys, monkeypatch):
     assert ("emulated cluster" in out) or ("LOOPBACK" in out)
     assert "meshcast demo: 16 ranks x 4 strategies: running for 0 s" in err
     assert "meshcast demo: 16 ranks x 4 strategies: done in" in err
+
+
+def test_layout_picture(capsys):
+    assert main(["layout", "4:S0[2]R", "--shape", "13,4"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "rank 0  ##.....##....  0:2 7:9",
+        "rank 1  ..##.....##..  2:4 9:11",
+        "rank 2  ....##.....##  4:6 11:13",
+        "rank 3  ......#......  6:7",
+    ]
+    assert main(["layout", "2:{q=4:S0+k=2:R}R", "--shape", "7,2"]) == 2
+    assert "--shape has 7 indices in dimension 0" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""The ``meshcast`` command line: ``meshcast plan``, ``meshcast demo``, ``meshcast bench ...``.
+"""The ``meshcast`` command line: ``meshcast plan``, ``meshcast layout``, ``meshcast demo``,
+``meshcast bench ...``.
 
 Each command lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``;
 heavy imports (torch, matplotlib) happen inside ``run`` so that ``--help`` stays fast. A bad
@@ -19,6 +20,7 @@ from .common import ArgumentParser, UsageError
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("meshcast.cli.plan_cmd", "plan a resharding and print its summary or JSON"),
+    "layout": ("meshcast.cli.layout_cmd", "draw which rank holds which part of a layout"),
     "demo": ("meshcast.cli.demo", "the main job: run the paper's cases and print a comparison"),
     "cluster": ("meshcast.cli.cluster_cmd", "emulated multi-host cluster: up, down, status, exec"),
 }
