@@ -118,7 +118,7 @@ def check_collective_moves(device) -> None:
     task = ReshardTask((64, 48), "float32", Layout(Mesh([[0]]), "RR"), Layout(Mesh([[0]]), "RR"))
     p = plan(task, Topology.uniform(1, 1))
     whole = torch.arange(64 * 48, dtype=torch.float32).reshape(48, 64).to(device).T  # strided
-    out = empty_out(task.dst_box(0), 4, device)
+    out = empty_out(task.dst_region(0), 4, device)
     world = dist.group.WORLD
     call = Call(world, [0], 0, "gpu_check", 60.0, "gpu-check")
     failures = Failures(call, 60.0)
