@@ -10,6 +10,7 @@ Partial sources (reduced on the way) and the error paths run in the same job.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -47,9 +48,33 @@ OPTIONS = [
     {"strategy": "send_recv", "balance": "none"},
     {},  # auto
 ]
+DTYPES = ("float32", "bfloat16", "int64", "float16")  # rotated over the cases
+HOSTS = mc.Topology.uniform(4, 2)
 
 
-def _dtensor_job(rank: int) -> list[str]:
+@functools.cache
+def _auto_plans() -> dict[int, mc.Plan]:
+    """By case number, the plans of the cases with plan()'s defaults (``{}`` in OPTIONS) but
+    the first, made once here and passed to ``reshard_dtensor(plan=...)``: each auto plan costs
+    ~0.1 s of CPU, in every rank of the job when it planned them. The first such case still
+    plans inside ``reshard_dtensor``."""
+    one = [mc.Shard(0), mc.Shard(1), mc.Replicate()]
+    plans: dict[int, mc.Plan] = {}
+    case = 0
+    for src_name, dst_name, _ in PAIRS:
+        src, dst = mc.Mesh(MESHES[src_name]), mc.Mesh(MESHES[dst_name])
+        for sp in itertools.product(one, repeat=src.ndim):
+            for dp in itertools.product(one, repeat=dst.ndim):
+                dtype = DTYPES[case % len(DTYPES)]
+                case += 1
+                if OPTIONS[case % len(OPTIONS)] == {} and case >= len(OPTIONS):
+                    task = mc.ReshardTask(SHAPE, dtype, mc.Layout(src, list(sp)),
+                                          mc.Layout(dst, list(dp)))
+                    (plans[case],) = mc.plan_many([task], HOSTS, balance="auto")
+    return plans
+
+
+def _dtensor_job(rank: int, auto_plans: dict[int, mc.Plan]) -> list[str]:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -59,7 +84,7 @@ def _dtensor_job(rank: int) -> list[str]:
     one = [Shard(0), Shard(1), Replicate()]
     combos = {1: [[p] for p in one], 2: [list(c) for c in itertools.product(one, one)]}
     failures: list[str] = []
-    dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.float16]
+    dtypes = [getattr(torch, name) for name in DTYPES]
     case = 0
 
     def check(res, glob, dst, placements, what: str) -> None:
@@ -102,7 +127,8 @@ def _dtensor_job(rank: int) -> list[str]:
                     if lay != want:
                         failures.append(f"{what}: layout_from_dtensor gave {lay!r}")
                 opts = OPTIONS[case % len(OPTIONS)]
-                res = mc.reshard_dtensor(dt, dst, dp, timeout=60, **opts)
+                res = mc.reshard_dtensor(dt, dst, dp, timeout=60, plan=auto_plans.get(case),
+                                         **opts)
                 check(res, glob, dst, dp, f"{what} {opts}")
 
     # Partial sources: each rank of the source mesh holds a term of the sum
@@ -150,7 +176,7 @@ def _dtensor_job(rank: int) -> list[str]:
 
 
 def test_dtensor_across_meshes():
-    results = mc.launch(_dtensor_job, WORLD, hosts=mc.Topology.uniform(4, 2), timeout=240)
+    results = mc.launch(_dtensor_job, WORLD, hosts=HOSTS, args=(_auto_plans(),), timeout=240)
     failures = [f for r in results for f in r]
     assert not failures, "\n".join(failures[:20])
 

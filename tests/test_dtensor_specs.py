@@ -290,23 +290,33 @@ def test_shard_order_and_strided_shard_on_a_2x2_mesh() -> None:
     assert not failures, "\n".join(failures[:20])
 
 
+def _eight_rank_job(rank: int) -> dict:
+    return {"three_d": _three_d_job(rank), "sub_mesh": _sub_mesh_job(rank),
+            "strided": _strided_and_partial_job(rank)}
+
+
+@pytest.fixture(scope="module")
+def eight_ranks() -> list[dict]:
+    """One launch of 8 ranks (4 emulated hosts of 2) for the 2x2x2, sub-mesh and strided checks:
+    starting 8 ranks that import torch and DTensor costs about 4 s of CPU each."""
+    return mc.launch(_eight_rank_job, 8, hosts=4, timeout=500)
+
+
 @pytest.mark.timeout(600)
-def test_strided_shards_and_partial_destinations() -> None:
-    results = mc.launch(_strided_and_partial_job, 8, hosts=4, timeout=300)
-    failures = [f for r in results for f in r]
+def test_strided_shards_and_partial_destinations(eight_ranks) -> None:
+    failures = [f for r in eight_ranks for f in r["strided"]]
     assert not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.timeout(600)
-def test_shard_order_on_a_2x2x2_mesh_and_with_partial() -> None:
-    results = mc.launch(_three_d_job, 8, hosts=4, timeout=300)
-    failures = [f for r in results for f in r]
+def test_shard_order_on_a_2x2x2_mesh_and_with_partial(eight_ranks) -> None:
+    failures = [f for r in eight_ranks for f in r["three_d"]]
     assert not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.timeout(600)
-def test_sub_meshes_are_read_whole_on_every_rank() -> None:
-    results = mc.launch(_sub_mesh_job, 8, hosts=2, timeout=300)
+def test_sub_meshes_are_read_whole_on_every_rank(eight_ranks) -> None:
+    results = [r["sub_mesh"] for r in eight_ranks]
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures[:20])
     readings = [r["readings"] for r in results]

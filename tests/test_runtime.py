@@ -8,6 +8,7 @@ counters, the bytes that cross host boundaries.
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -26,6 +27,15 @@ STRATEGIES = ("send_recv", "allgather", "broadcast", "auto")  # auto: plan()'s d
 
 def _plan(task: ReshardTask, topology, strategy: str):
     return plan(task, topology) if strategy == "auto" else plan(task, topology, strategy=strategy)
+
+
+@functools.cache
+def _plans() -> dict:
+    """{(strategy, case name): plan}, made once in the parent and passed to the ranks (auto plans
+    of all cases cost seconds of CPU: planned in each of 20 ranks, that was most of the job)."""
+    return {(s, name): _plan(task, TOPOLOGY, s) for s in STRATEGIES for name, task, _ in _cases()}
+
+
 DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool")
 
 
@@ -135,8 +145,9 @@ def _bytes(t) -> bytes | None:
     return None if t is None else t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def _job(rank: int) -> dict:
-    """Runs in every rank: all cases x strategies, then the byte-count and validation checks."""
+def _job(rank: int, plans: dict) -> dict:
+    """Runs in every rank: all cases x strategies (``plans`` from :func:`_plans`), then the
+    byte-count and validation checks."""
     import torch
 
     from meshcast.runtime import group_cache, reset_transfer_stats, transfer_stats
@@ -146,7 +157,7 @@ def _job(rank: int) -> dict:
     report: dict = {"results": {}, "small": {}, "cross": {}, "errors": {}}
     for strategy in STRATEGIES:
         for name, task, noncontig in _cases():
-            p = _plan(task, topology, strategy)
+            p = plans[strategy, name]
             box = task.src_box(rank)
             local = None if box is None else _to_torch(_global(task)[box], noncontig)
             # tiny chunks and budget exercise chunking, relays and packing
@@ -173,7 +184,7 @@ def _job(rank: int) -> dict:
     report["collectives"] = {}
     for strategy in STRATEGIES:
         for name, task, noncontig in _cases():
-            p = _plan(task, topology, strategy)
+            p = plans[strategy, name]
             box = task.src_box(rank)
             local = None if box is None else _to_torch(_global(task)[box], noncontig)
             out = meshcast.reshard(local, p, chunk_bytes=256, max_inflight_bytes=1024,
@@ -239,7 +250,7 @@ def _byte_count_tasks() -> list[tuple[str, ReshardTask]]:
 
 @pytest.fixture(scope="module")
 def job() -> list[dict]:
-    return meshcast.launch(_job, WORLD, hosts=TOPOLOGY, timeout=600)
+    return meshcast.launch(_job, WORLD, hosts=TOPOLOGY, args=(_plans(),), timeout=600)
 
 
 @pytest.mark.timeout(900)
@@ -253,7 +264,7 @@ def test_every_case_is_byte_exact(job: list[dict], strategy: str, budget: str) -
     cases = _cases()
     assert len(cases) >= 12
     for name, task, _ in cases:
-        p = _plan(task, TOPOLOGY, strategy)
+        p = _plans()[strategy, name]
         expected = execute_local(p, scatter(_global(task), task.src))
         for rank in range(WORLD):
             got = job[rank][key][strategy, name]

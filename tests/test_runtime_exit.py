@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torchrun_exit_job
 
 JOB = Path(__file__).with_name("torchrun_exit_job.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -20,13 +21,15 @@ LAUNCHES = int(os.environ.get("MESHCAST_EXIT_LAUNCHES", "10"))
 
 
 @pytest.mark.timeout(1800)
-def test_torchrun_jobs_exit_cleanly_every_time() -> None:
+def test_torchrun_jobs_exit_cleanly_every_time(tmp_path: Path) -> None:
     assert TORCHRUN.exists(), f"{TORCHRUN} (torch's launcher) is missing"
+    plans = tmp_path / "plans.json"
+    torchrun_exit_job.write_plans(plans)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
     statuses = []
     for attempt in range(LAUNCHES):
         proc = subprocess.run(
-            [str(TORCHRUN), "--standalone", "--nproc-per-node", "8", str(JOB)],
+            [str(TORCHRUN), "--standalone", "--nproc-per-node", "8", str(JOB), str(plans)],
             capture_output=True, text=True, timeout=300, env=env,
         )
         statuses.append(proc.returncode)

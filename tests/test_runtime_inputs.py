@@ -15,6 +15,7 @@ One launched job of 8 ranks (4 emulated hosts of 2) runs, on real processes over
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 
@@ -127,8 +128,17 @@ def _local(task: ReshardTask, full, rank: int, how: str | None = None):
     return local if how is None else _odd(local, how)
 
 
-def _roundtrips(rank: int) -> list[str]:
-    """Every odd-stride and every-dtype case through reshard and reshard_many; mismatches."""
+@functools.cache
+def _roundtrip_plans() -> list:
+    """The plans of :func:`_roundtrips` (plan()'s defaults), made once in the parent: auto plans
+    of all 49 cases cost seconds of CPU, in each of the 8 ranks when they planned them."""
+    tasks = [task for _, task, _ in _stride_cases()] + [_dtype_task(n) for n in known_dtypes()]
+    return [meshcast.plan(t, TOPOLOGY) for t in tasks]
+
+
+def _roundtrips(rank: int, plans: list) -> list[str]:
+    """Every odd-stride and every-dtype case through reshard and reshard_many (``plans`` from
+    :func:`_roundtrip_plans`); mismatches."""
     import torch
 
     bad: list[str] = []
@@ -146,7 +156,7 @@ def _roundtrips(rank: int) -> list[str]:
         tasks.append((f"dtype {name}", task))
         locals_.append(_local(task, full, rank, "column-major" if k % 2 else None))
         fulls.append(full)
-    plans = [meshcast.plan(t, TOPOLOGY) for _, t in tasks]
+    assert [p.task for p in plans] == [t for _, t in tasks]
     for (name, task), p, local, full in zip(tasks, plans, locals_, fulls):
         want = None if task.dst_box(rank) is None else full[task.dst_box(rank)]
         out = meshcast.reshard(local, p, chunk_bytes=64, timeout=TIMEOUT)
@@ -245,13 +255,13 @@ def _dtensor_tp(rank: int) -> bool:
     return torch.equal(out.to_local(), full)
 
 
-def _job(rank: int) -> dict:
-    return {"roundtrips": _roundtrips(rank), "bad": _bad_inputs(rank)}
+def _job(rank: int, plans: list) -> dict:
+    return {"roundtrips": _roundtrips(rank, plans), "bad": _bad_inputs(rank)}
 
 
 @pytest.fixture(scope="module")
 def job() -> list[dict]:
-    return meshcast.launch(_job, WORLD, hosts=TOPOLOGY, timeout=400)
+    return meshcast.launch(_job, WORLD, hosts=TOPOLOGY, args=(_roundtrip_plans(),), timeout=400)
 
 
 def _messages(job: list[dict], key: str) -> list[str]:

@@ -250,3 +250,31 @@ def test_runtime_caches_are_bounded_listed_and_cleared(tmp_path) -> None:
             os.environ["MESHCAST_HOST"] = old
     meshcast.clear_caches(["runtime.detected_topology"])
     assert meshcast.cache_info()["runtime.detected_topology"].size == 0
+
+
+def test_call_counts_live_and_die_with_their_process_group(tmp_path) -> None:
+    # board.py counts calls per process group (the numbers name store keys all ranks share): a
+    # group made after another is destroyed starts from zero, whatever id() its object gets
+    code = f"""
+import gc
+import torch.distributed as dist
+from meshcast.runtime.board import calls_made, next_step, recent_refusals
+
+def world(n):
+    dist.init_process_group("gloo", init_method="file://{tmp_path}/store" + str(n), rank=0,
+                            world_size=1)
+    return dist.group.WORLD
+
+g = world(0)
+assert [next_step(g) for _ in range(3)] == [0, 1, 2]
+assert recent_refusals(g, {{"step": 2}}, keep=2) == [{{"step": 2}}]
+assert recent_refusals(g, {{"step": 3}}, keep=2) == [{{"step": 2}}, {{"step": 3}}]
+assert recent_refusals(g, {{"step": 4}}, keep=2) == [{{"step": 3}}, {{"step": 4}}]
+dist.destroy_process_group()
+del g
+gc.collect()
+g = world(1)
+assert next_step(g) == 0 and calls_made(g, "any") == 0 and recent_refusals(g) == []
+dist.destroy_process_group()
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

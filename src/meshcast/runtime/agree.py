@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .board import Call, calls_made
+from .board import Call, calls_made, recent_refusals
 from .errors import ReshardError
 
 __all__ = ["agree", "refuse_early"]
@@ -38,10 +36,8 @@ POLL_S = (1e-4, 5e-3)
 SCAN_S = (0.02, 0.1)
 """When a rank first looks where its missing peers are, and how often after that."""
 RECENT_REFUSALS = 8
-"""Refusals a rank keeps showing to its peers."""
-
-_refusals: dict[int, deque] = {}
-_refusals_lock = threading.Lock()
+"""Refusals a rank keeps showing to its peers (kept per process group, board.recent_refusals,
+and dropped with the group)."""
 
 
 def agree(
@@ -273,11 +269,7 @@ def _recent_refusals(group: object, add: dict[str, Any] | None = None) -> list[d
     """This process's last refusals on ``group`` (step, family, number, ranks, what), newest
     last; ``add`` one first. They stay in ``meshcast/at/<rank>`` for a few calls, so a peer that
     is slow to look still finds the refusal of its step after this rank has moved on."""
-    with _refusals_lock:
-        recent = _refusals.setdefault(id(group), deque(maxlen=RECENT_REFUSALS))
-        if add is not None:
-            recent.append(add)
-        return list(recent)
+    return recent_refusals(group, add, RECENT_REFUSALS)
 
 
 def _refused(call: Call, here: dict[str, Any]) -> None:

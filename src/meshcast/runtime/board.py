@@ -21,18 +21,55 @@ import contextlib
 import hashlib
 import threading
 import time
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .blame import Fault
 
-__all__ = ["Call", "calls_made", "next_step", "ranks_digest", "store_of"]
+__all__ = ["Call", "calls_made", "next_step", "ranks_digest", "recent_refusals", "store_of"]
 
-_counters: dict[tuple[int, str], int] = {}
-_steps: dict[int, int] = {}
+
+class _GroupCalls:
+    """What this process counts of its meshcast calls on one process group: ``steps`` (calls
+    made, board.next_step), ``numbers`` (calls made of each plan family) and ``refusals`` (its
+    last refusals, agree.py). Kept as long as the group object lives and dropped with it (after
+    ``destroy_process_group``), so a later group never inherits the numbers of an earlier one.
+
+    Not bounded while the group lives (one integer per distinct plan family): the numbers name
+    store keys that every rank of a call must agree on, so forgetting a live family would make
+    this rank reuse a name its peers have moved past (a refused or hanging call)."""
+
+    __slots__ = ("numbers", "refusals", "steps")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.numbers: dict[str, int] = {}
+        self.refusals: list[dict[str, Any]] = []
+
+
+_groups: dict[int, tuple[weakref.ref, _GroupCalls]] = {}
 _counter_lock = threading.Lock()
+
+
+def _group_calls(group: object) -> _GroupCalls:
+    """This process's :class:`_GroupCalls` of ``group``, made on first use; call it with
+    ``_counter_lock`` held."""
+    key = id(group)
+    hit = _groups.get(key)
+    if hit is not None and hit[0]() is group:
+        return hit[1]
+    try:  # dropped when the group is collected; popped without the lock (the callback may run
+        # inside a locked section, whenever the collector runs)
+        ref = weakref.ref(group, lambda _: _groups.pop(key, None))
+    except TypeError:  # an object without weak references: kept (and held) for the process
+        ref = (lambda g: lambda: g)(group)
+    calls = _GroupCalls()
+    _groups[key] = (ref, calls)
+    return calls
 
 
 def store_of(group: dist.ProcessGroup) -> dist.Store:
@@ -53,8 +90,9 @@ def next_step(group: dist.ProcessGroup) -> int:
     call's step. In a program where every rank makes every call (SPMD), a call has the same step
     on every rank."""
     with _counter_lock:
-        step = _steps.get(id(group), 0)
-        _steps[id(group)] = step + 1
+        calls = _group_calls(group)
+        step = calls.steps
+        calls.steps = step + 1
         return step
 
 
@@ -62,7 +100,20 @@ def calls_made(group: dist.ProcessGroup, family: str) -> int:
     """How many calls of ``family`` (ranks digest/plan digest) this process started on
     ``group``."""
     with _counter_lock:
-        return _counters.get((id(group), family), 0)
+        return _group_calls(group).numbers.get(family, 0)
+
+
+def recent_refusals(
+    group: object, add: dict[str, Any] | None = None, keep: int = 8
+) -> list[dict[str, Any]]:
+    """This process's last ``keep`` refusals on ``group`` (agree.py), newest last; ``add`` one
+    first."""
+    with _counter_lock:
+        recent = _group_calls(group).refusals
+        if add is not None:
+            recent.append(add)
+            del recent[:-keep]
+        return list(recent)
 
 
 class Call:
@@ -88,9 +139,9 @@ class Call:
         self.family = f"{ranks_digest(self.ranks)}/{plan_digest}"
         self.step = next_step(group)
         with _counter_lock:
-            key = (id(group), self.family)
-            self.number = _counters.get(key, 0)
-            _counters[key] = self.number + 1
+            numbers = _group_calls(group).numbers
+            self.number = numbers.get(self.family, 0)
+            numbers[self.family] = self.number + 1
         self.key = f"meshcast/c/{self.family}/{self.number}"
         self._lock = threading.Lock()
         self._noted = False
@@ -99,9 +150,9 @@ class Call:
         """Take the next number of this call's plan: the current name was used by peers at
         another step, in a call this rank did not make (it made another call at that step)."""
         with _counter_lock:
-            key = (id(self.group), self.family)
-            self.number = _counters[key]
-            _counters[key] = self.number + 1
+            numbers = _group_calls(self.group).numbers
+            self.number = numbers[self.family]
+            numbers[self.family] = self.number + 1
         self.key = f"meshcast/c/{self.family}/{self.number}"
 
     def elapsed(self) -> float:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import threading
 import weakref
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from ..core.cache import BoundedCache
 from ..core.plan import Plan
 from .agree import agree, refuse_early
 from .blame import diagnose
@@ -46,21 +46,21 @@ TRANSPORTS = ("p2p", "collectives")
 CPU tensors) or native collectives on cached sub-groups (transport_collectives.py; the default
 for CUDA tensors, and it runs on gloo with CPU tensors too)."""
 
-_digests: dict[int, tuple[weakref.ref, str]] = {}
-_digest_lock = threading.Lock()
+PLAN_DIGESTS = 256
+"""Plan objects whose digest a process remembers (a recomputed digest is the same digest)."""
+_digests: BoundedCache[int, tuple[weakref.ref, str]] = BoundedCache(
+    "runtime.plan_digests", PLAN_DIGESTS,
+    "digests of recently run plan objects, by id (a weak reference tells a reused id)")
 
 
 def plan_digest(plan: Plan) -> str:
     """A digest of the plan (its JSON), equal on every rank that holds the same plan; computed
-    once per plan object."""
-    with _digest_lock:
-        hit = _digests.get(id(plan))
-        if hit is not None and hit[0]() is plan:
-            return hit[1]
+    once per plan object while it is among the last :data:`PLAN_DIGESTS` used."""
+    hit = _digests.get(id(plan))
+    if hit is not None and hit[0]() is plan:
+        return hit[1]
     digest = hashlib.sha1(plan.to_json().encode()).hexdigest()[:16]
-    with _digest_lock:
-        key = id(plan)
-        _digests[key] = (weakref.ref(plan, lambda _: _digests.pop(key, None)), digest)
+    _digests.put(id(plan), (weakref.ref(plan), digest))
     return digest
 
 
