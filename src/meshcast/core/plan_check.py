@@ -78,7 +78,7 @@ def plan_error(task: Any, topology: Any, ops: Any) -> str | None:
     bounds, owners = {}, {}
     for side in ("src", "dst"):
         bounds[side], owners[side] = _shard_boxes(task, side)
-        if len(owners[side]) != (task.src if side == "src" else task.dst).mesh.size:
+        if not (task.src if side == "src" else task.dst).is_plain:
             for kind in ("src",) if side == "src" else ("dst", "own"):
                 rec.rows[kind] = _onto_boxes(rec.rows[kind], bounds[side], owners[side])
     return (
@@ -91,7 +91,8 @@ def plan_error(task: Any, topology: Any, ops: Any) -> str | None:
 def _shard_boxes(task: ReshardTask, side: str) -> tuple[np.ndarray, np.ndarray]:
     """The boxes of the source or destination shards, one row (starts, stops) per box, and the
     mesh position holding each: one box per position (in order) for a plain layout, each
-    region's boxes for a strided or fused one (the checks below treat a box as a shard)."""
+    region's boxes for a strided or fused one (the checks below treat a box as a shard; an empty
+    region is one empty box, so that every position owns a box)."""
     layout = task.src if side == "src" else task.dst
     d = len(task.shape)
     rows, owners = [], []
@@ -99,7 +100,8 @@ def _shard_boxes(task: ReshardTask, side: str) -> tuple[np.ndarray, np.ndarray]:
         if layout.is_plain:
             boxes = [layout.box(r, task.shape)]
         else:
-            boxes = [box for box, _ in layout.region(r, task.shape).boxes()]
+            boxes = ([box for box, _ in layout.region(r, task.shape).boxes()]
+                     or [(slice(0, 0),) * d])  # an empty region: one empty box
         rows += [[s.start for s in b] + [s.stop for s in b] for b in boxes]
         owners += [pos] * len(boxes)
     return (np.array(rows, dtype=np.int64).reshape(len(rows), 2 * d),
