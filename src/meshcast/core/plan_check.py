@@ -109,18 +109,22 @@ def _shard_boxes(task: ReshardTask, side: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _onto_boxes(rows: tuple, shards: np.ndarray, owners: np.ndarray) -> tuple:
-    """Records of positions turned into records of shard boxes: each box goes to the box of its
-    position that holds it (the position's first box if none does: then it is outside)."""
+    """Records of positions turned into records of shard boxes: each box goes to the first box of
+    its position that holds it (the position's first box if none does: then it is outside).
+    Vectorised over the records, one pass per box a position may have (``owners`` is sorted and
+    every position owns at least one box)."""
     ops, pos, boxes = rows
     d = shards.shape[1] // 2
     first = np.searchsorted(owners, pos)
+    count = np.searchsorted(owners, pos, side="right") - first
     target = first.copy()
-    for k in range(len(pos)):
-        cands = np.flatnonzero(owners == pos[k])
-        inside = ((boxes[k, :d] >= shards[cands, :d]) & (boxes[k, d:] <= shards[cands, d:])
-                  ).all(axis=1)
-        if inside.any():
-            target[k] = cands[int(np.argmax(inside))]
+    found = np.zeros(len(pos), dtype=bool)
+    for j in range(int(count.max(initial=0))):
+        cand = np.minimum(first + j, len(owners) - 1)
+        inside = ~found & (j < count) & (
+            (boxes[:, :d] >= shards[cand, :d]) & (boxes[:, d:] <= shards[cand, d:])).all(axis=1)
+        target[inside] = cand[inside]
+        found |= inside
     return ops, target, boxes
 
 
