@@ -184,3 +184,22 @@ def test_regions_match_torch_strided_shard_splits(data) -> None:
         for d, (split, got) in enumerate(zip(splits, region.indices())):
             want = _torch_indices(torch, split, shape[d], coords, mesh.shape)
             assert got.tolist() == want, (layout.spec, shape, r, d)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_pipeline_takes_each_ranks_shard_as_scatter_does(data) -> None:
+    """The pipeline's sending side (``shard_of``: a region's elements of a whole torch tensor)
+    gives every rank what :func:`meshcast.scatter` gives it, in local order."""
+    torch = pytest.importorskip("torch")
+    from meshcast.pipeline.exchange import shard_of
+
+    ndim = data.draw(st.integers(1, 3))
+    shape = tuple(data.draw(st.lists(st.integers(0, 12), min_size=ndim, max_size=ndim)))
+    mesh = data.draw(meshes(max_devices=8, rank_pool=12))
+    layout = mc.Layout(mesh, data.draw(rich_specs(mesh, shape)))
+    x = _index_array(shape)
+    want = mc.scatter(x, layout)
+    for r in mesh.devices:
+        got = shard_of(torch.from_numpy(x), layout.region(r, shape))
+        assert got.shape == want[r].shape and np.array_equal(got.numpy(), want[r])
