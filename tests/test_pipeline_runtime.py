@@ -42,6 +42,7 @@ UT_CFG = utransformer.UTransformerConfig(in_dim=8, dim=16, levels=2, n_head=2, s
 MODELS = {"gpt": GPT_CFG, "utransformer": UT_CFG}
 STRATEGIES = ("send_recv", "allgather", "broadcast")
 ATOL, RTOL = 1e-5, 1e-4
+STRIDED = "gpt tp 2->2 strided"
 
 
 def _jobs() -> list[TrainJob]:
@@ -59,6 +60,9 @@ def _jobs() -> list[TrainJob]:
                  layouts=(("hidden", ("S1RR", "RRR")),), label="gpt tp 2->1 sharded"),
         TrainJob("gpt", GPT_CFG, ((0, 1), (2, 3)), "eager_1f1b", "send_recv",
                  layouts=(("hidden", ("RRS1", "RS1R")),), label="gpt tp 2->2 sharded"),
+        # strided boundary layouts (shards of several boxes, uneven pieces) on both sides
+        TrainJob("gpt", GPT_CFG, ((0, 1), (2, 3)), "1f1b", "allgather",
+                 layouts=(("hidden", ("RS1[2]R", "RRS1[3]")),), label=STRIDED),
     ]
     # three stages: the skip of level 0 goes from stage 0 to stage 2
     jobs += [
@@ -122,6 +126,19 @@ def test_peak_activations_follow_the_schedule(results) -> None:
             peak[job.schedule] = results[0][index]["peak_activation_bytes"]
     per_microbatch = peak["gpipe"] / 4
     assert peak["1f1b"] == 2 * per_microbatch and peak["eager_1f1b"] == 3 * per_microbatch
+
+
+def test_a_strided_boundary_layout_changes_no_bit(results) -> None:
+    """The boundary only moves bytes: with strided layouts on both sides the run is bit for bit
+    the one with replicated boundaries (same model, ranks, schedule, strategy)."""
+    labels = [job.label for job in JOBS]
+    strided, plain = labels.index(STRIDED), labels.index("gpt 1f1b allgather")
+    for rank in range(4):
+        got, want = results[rank][strided], results[rank][plain]
+        assert got["losses"] == want["losses"]
+        assert sorted(got["state"]) == sorted(want["state"])
+        for name, value in want["state"].items():
+            assert torch.equal(got["state"][name], value), (rank, name)
 
 
 def test_a_failing_stage_raises_on_every_rank() -> None:

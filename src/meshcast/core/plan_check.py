@@ -78,7 +78,7 @@ def plan_error(task: Any, topology: Any, ops: Any) -> str | None:
     bounds, owners = {}, {}
     for side in ("src", "dst"):
         bounds[side], owners[side] = _shard_boxes(task, side)
-        if len(owners[side]) != (task.src if side == "src" else task.dst).mesh.size:
+        if not (task.src if side == "src" else task.dst).is_plain:
             for kind in ("src",) if side == "src" else ("dst", "own"):
                 rec.rows[kind] = _onto_boxes(rec.rows[kind], bounds[side], owners[side])
     return (
@@ -91,7 +91,8 @@ def plan_error(task: Any, topology: Any, ops: Any) -> str | None:
 def _shard_boxes(task: ReshardTask, side: str) -> tuple[np.ndarray, np.ndarray]:
     """The boxes of the source or destination shards, one row (starts, stops) per box, and the
     mesh position holding each: one box per position (in order) for a plain layout, each
-    region's boxes for a strided or fused one (the checks below treat a box as a shard)."""
+    region's boxes for a strided or fused one (the checks below treat a box as a shard; an empty
+    region is one empty box, so that every position owns a box)."""
     layout = task.src if side == "src" else task.dst
     d = len(task.shape)
     rows, owners = [], []
@@ -100,7 +101,8 @@ def _shard_boxes(task: ReshardTask, side: str) -> tuple[np.ndarray, np.ndarray]:
         if layout.is_plain:
             boxes = [layout.box(r, task.shape)]
         else:
-            boxes = [box for box, _ in regions[r].boxes()]
+            boxes = ([box for box, _ in regions[r].boxes()]
+                     or [(slice(0, 0),) * d])  # an empty region: one empty box
         rows += [[s.start for s in b] + [s.stop for s in b] for b in boxes]
         owners += [pos] * len(boxes)
     return (np.array(rows, dtype=np.int64).reshape(len(rows), 2 * d),
@@ -108,18 +110,22 @@ def _shard_boxes(task: ReshardTask, side: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _onto_boxes(rows: tuple, shards: np.ndarray, owners: np.ndarray) -> tuple:
-    """Records of positions turned into records of shard boxes: each box goes to the box of its
-    position that holds it (the position's first box if none does: then it is outside)."""
+    """Records of positions turned into records of shard boxes: each box goes to the first box of
+    its position that holds it (the position's first box if none does: then it is outside).
+    Vectorised over the records, one pass per box a position may have (``owners`` is sorted and
+    every position owns at least one box)."""
     ops, pos, boxes = rows
     d = shards.shape[1] // 2
     first = np.searchsorted(owners, pos)
+    count = np.searchsorted(owners, pos, side="right") - first
     target = first.copy()
-    for k in range(len(pos)):
-        cands = np.flatnonzero(owners == pos[k])
-        inside = ((boxes[k, :d] >= shards[cands, :d]) & (boxes[k, d:] <= shards[cands, d:])
-                  ).all(axis=1)
-        if inside.any():
-            target[k] = cands[int(np.argmax(inside))]
+    found = np.zeros(len(pos), dtype=bool)
+    for j in range(int(count.max(initial=0))):
+        cand = np.minimum(first + j, len(owners) - 1)
+        inside = ~found & (j < count) & (
+            (boxes[:, :d] >= shards[cand, :d]) & (boxes[:, d:] <= shards[cand, d:])).all(axis=1)
+        target[inside] = cand[inside]
+        found |= inside
     return ops, target, boxes
 
 

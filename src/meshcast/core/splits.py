@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cache import BoundedCache
+
 __all__ = ["DimSplit", "Part", "Runs", "parse_token", "tile_runs", "tiles_of_positions"]
 
 Step = tuple[int, int]
@@ -189,13 +191,25 @@ def _piece_tiles(size: int, steps: tuple[Step, ...], mesh_shape: tuple[int, ...]
     return tiles
 
 
+_TILE_RUNS: BoundedCache[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = BoundedCache(
+    "core.tile_runs", 256, "the runs of strided / fused dimensions by (split, size, mesh shape)")
+
+
 def tile_runs(
     split: DimSplit, size: int, mesh_shape: tuple[int, ...]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """``(starts, stops, tiles, count)``: the non-empty runs of a dimension of ``size``, in
     increasing order, each with the tile holding it (tiles number the pieces' chunks: a fused
     dimension's parts in order, each part's chunks row-major over its steps' axes); ``count``
-    tiles in all. The runs partition ``range(size)``."""
+    tiles in all. The runs partition ``range(size)``. Kept (read-only arrays) by ``(split, size,
+    mesh_shape)``: every rank's region of a layout reads the same runs."""
+    key = (split, int(size), tuple(mesh_shape))
+    return _TILE_RUNS.get_or_make(key, lambda: _tile_runs(split, key[1], key[2]))
+
+
+def _tile_runs(
+    split: DimSplit, size: int, mesh_shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     sizes = split.sizes()
     if sizes is not None and sum(sizes) != size:
         raise ValueError(
@@ -211,6 +225,7 @@ def tile_runs(
         base, offset = base + len(tiles), offset + n
     rows.sort()
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    table.flags.writeable = False
     return table[:, 0], table[:, 1], table[:, 2], base
 
 
