@@ -4,7 +4,12 @@ broadcasts with relays), one ``reshard_many``, one ``reshard_dtensor`` (every re
 for byte) and two pipelined training steps (losses against one process's, float tolerance), then
 ``destroy_process_group()`` and a normal interpreter exit.
 
-The plans come from a JSON file (the only argument) that the test writes once with
+With ``core`` as the second argument, the job stops after ``reshard_many`` (no DTensor, no
+pipeline: their imports, torch._dynamo and the models, cost seconds of CPU per rank), then
+destroys the group and exits the same way; the test runs the whole job once and the core job on
+the other launches.
+
+The plans come from a JSON file (the first argument) that the test writes once with
 :func:`write_plans`: planning with ``balance="auto"`` imports scipy for its lower bound, a second of
 CPU in each of the 8 ranks of every launch. Exit status 0 only if every result is exact; 3 on a
 wrong result (the test then reports it).
@@ -114,23 +119,29 @@ def main() -> int:
         if not _same(o, None if t.dst_box(rank) is None else f[t.dst_box(rank)]):
             bad.append(f"reshard_many tensor {i}")
 
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-    a, b = DeviceMesh("cpu", [0, 1, 2, 3]), DeviceMesh("cpu", [4, 5, 6, 7])
-    glob = _global((12, 5), torch.float32, 99)
-    dt = distribute_tensor(glob, a, [Shard(0)])
-    res = meshcast.reshard_dtensor(dt, b, [Replicate()], timeout=60, plan=plans[-1])
-    if rank >= 4 and (res is None or not _same(res.to_local(), glob)):
-        bad.append("reshard_dtensor")
-
-    bad += _pipeline_step(rank)
-
+    if sys.argv[2:] != ["core"]:
+        bad += _dtensor_and_pipeline(rank, plans[-1])
     dist.destroy_process_group()
     if bad:
         print(f"rank {rank}: wrong results: {bad}", file=sys.stderr)
         return 3
     return 0
+
+
+def _dtensor_and_pipeline(rank: int, plan: meshcast.Plan) -> list[str]:
+    """One ``reshard_dtensor`` and two pipelined training steps; what was wrong."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    bad = []
+
+    a, b = DeviceMesh("cpu", [0, 1, 2, 3]), DeviceMesh("cpu", [4, 5, 6, 7])
+    glob = _global((12, 5), torch.float32, 99)
+    dt = distribute_tensor(glob, a, [Shard(0)])
+    res = meshcast.reshard_dtensor(dt, b, [Replicate()], timeout=60, plan=plan)
+    if rank >= 4 and (res is None or not _same(res.to_local(), glob)):
+        bad.append("reshard_dtensor")
+    return bad + _pipeline_step(rank)
 
 
 if __name__ == "__main__":
