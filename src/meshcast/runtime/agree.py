@@ -115,15 +115,7 @@ def _gather(
         if given_up is not None:
             off = {"reason": given_up}
         elif call.elapsed() >= next_scan:
-            reason = _conflict(call, missing, record["what"])
-            # a peer may have added its record, finished this call and gone on since the records
-            # were read: it counts against this call only if its record is still missing
-            if reason is not None and not _still_missing(call, key, reason[0]):
-                reason = None
-            if reason is not None:
-                off = {"reason": reason[1]}
-                at = _where(call, reason[0])
-                theirs = at["call"] if at is not None and at["state"] == "agreeing" else None
+            off, theirs = _scan(call, key, missing, record["what"])
             next_scan = call.elapsed() + SCAN_S[1]
         if off is None and call.elapsed() > call.timeout:
             off = {"reason": _absent(call, missing), "missing": missing}
@@ -137,6 +129,28 @@ def _gather(
                 return got, verdict
         time.sleep(pause)
         pause = min(2 * pause, POLL_S[1])
+
+
+def _scan(
+    call: Call, key: str, missing: list[int], what: str
+) -> tuple[dict[str, Any] | None, str | None]:
+    """One look at where the missing peers are: ``(off, theirs)``, why this call is off (None: it
+    waits on) and the peer's call to call off with it.
+
+    A peer may have added its record, finished this call and gone on since the records were read:
+    it counts against this call only if its record is still missing. A peer still waiting in a
+    call of an earlier step that this rank has passed (it arrived there after this rank's peers
+    had refused that step without it) is behind, not in conflict: its call is called off, as it
+    cannot go ahead without this rank, and this call waits for it to come."""
+    reason = _conflict(call, missing, what)
+    if reason is None or not _still_missing(call, key, reason[0]):
+        return None, None
+    at = _where(call, reason[0])
+    theirs = at["call"] if at is not None and at["state"] == "agreeing" else None
+    if theirs and theirs != call.key and at["step"] < call.step:
+        _call_off(call, theirs, {"ok": False, "by": call.me, "reason": reason[1]})
+        return None, None
+    return {"reason": reason[1]}, theirs
 
 
 def _settle(call: Call, verdict: dict[str, Any]) -> dict[str, Any]:
