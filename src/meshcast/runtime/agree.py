@@ -15,7 +15,10 @@ peer is (``meshcast/at/<rank>``) and refuses at once when the peer
   Steps agree where every rank makes every call (SPMD, as with DTensor); where
   they do not, such a peer is waited for.
 
-A peer that is merely busy elsewhere (an earlier call, compute) is waited for, up to ``timeout``.
+A peer that is merely busy elsewhere (an earlier call, compute) is waited for, up to ``timeout``;
+so is a peer that still waits in the agreement of a call of an earlier step, which this rank has
+passed (it came there after its peers had refused that step without it): that call is called off
+for it, and it then comes.
 """
 
 from __future__ import annotations
