@@ -56,7 +56,7 @@ def part_layout(
     if part is None:
         raise ValueError(f"layout {layout.spec!r} has no part {name!r}: its parts are "
                          f"{', '.join(p.name for p in splits[d].parts)}")
-    layout.dim_runs(shape)  # checks that the parts add up to the dimension
+    layout.check_shape(shape)  # the parts add up to the dimension
     tokens = [s.token() for s in splits]
     tokens[d] = type(splits[d])(steps=part.steps).token()
     return Layout(layout.mesh, "".join(tokens)), (*shape[:d], part.size, *shape[d + 1:])

@@ -37,7 +37,7 @@ from .placements import (
     splits_of_placements,
 )
 from .region import Region
-from .splits import DimSplit, parse_token, tile_runs, tiles_of_positions
+from .splits import DimSplit, chunk_range, parse_token, tile_runs, tiles_of_positions
 
 __all__ = [
     "Box",
@@ -233,6 +233,7 @@ class Layout:
         and the tile (:meth:`position_tiles`) holding each; they partition the dimension. A
         ``Shard``-only dimension has one run per chunk, in chunk order."""
         shape = as_shape(shape)
+        self.check_shape(shape)
         mesh_shape = self._mesh.shape
         out = []
         for n, split in zip(shape, self.splits(len(shape))):
@@ -321,9 +322,7 @@ class Layout:
         for n, axes in zip(shape, self.dim_axes(len(shape))):
             start, length = 0, n
             for a in axes:
-                chunk = -(-length // mesh_shape[a])
-                lo = min(int(coords[a]) * chunk, length)
-                hi = min(lo + chunk, length)
+                lo, hi = chunk_range(length, mesh_shape[a], int(coords[a]))
                 start, length = start + lo, hi - lo
             result.append(slice(start, start + length))
         return tuple(result)

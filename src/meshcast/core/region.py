@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .boxes import Box
+from .coverage import fmt_box
 
 __all__ = ["Region"]
 
@@ -77,7 +78,7 @@ class Region:
                 continue
             if j < 0 or s.stop > self.runs[d][j][1]:
                 raise ValueError(
-                    f"box {_fmt(box)} is not inside one run of region {self} in dimension {d}"
+                    f"box {fmt_box(box)} is not inside one run of region {self} in dimension {d}"
                 )
             a = self._offsets[d][j] + s.start - starts[j]
             out.append(slice(a, a + s.stop - s.start))
@@ -99,8 +100,3 @@ class Region:
     def __repr__(self) -> str:
         return "Region(" + " x ".join(
             "+".join(f"{a}:{b}" for a, b in dim) or "-" for dim in self.runs) + ")"
-
-
-def _fmt(box: Box) -> str:
-    return "[" + ", ".join(f"{s.start}:{s.stop}" for s in box) + "]"
-

@@ -29,7 +29,9 @@ import numpy as np
 
 from .cache import BoundedCache
 
-__all__ = ["DimSplit", "Part", "Runs", "parse_token", "tile_runs", "tiles_of_positions"]
+__all__ = [
+    "DimSplit", "Part", "Runs", "chunk_range", "parse_token", "tile_runs", "tiles_of_positions",
+]
 
 Step = tuple[int, int]
 """``(mesh axis, split factor)``."""
@@ -136,7 +138,7 @@ def parse_token(text: str, whole: str) -> DimSplit:
     return DimSplit(steps=_parse_steps(text, whole))
 
 
-def _chunk(length: int, k: int, i: int) -> tuple[int, int]:
+def chunk_range(length: int, k: int, i: int) -> tuple[int, int]:
     """Chunk ``i`` of ``k`` of ``range(length)`` as ``torch.chunk`` cuts it (maybe empty)."""
     size = -(-length // k) if k else 0
     lo = min(i * size, length)
@@ -174,11 +176,11 @@ def _apply(tiles: list[Runs], step: Step, k: int) -> list[Runs]:
     out: list[Runs] = []
     for runs in tiles:
         m = sum(b - a for a, b in runs)
-        pieces = [_chunk(m, f, j) for j in range(f)]
+        pieces = [chunk_range(m, f, j) for j in range(f)]
         for i in range(k):
             held: Runs = []
             for lo, hi in pieces:
-                a, b = _chunk(hi - lo, k, i)
+                a, b = chunk_range(hi - lo, k, i)
                 held += _take(runs, lo + a, lo + b)
             out.append(_merged(held))
     return out
@@ -210,12 +212,7 @@ def tile_runs(
 def _tile_runs(
     split: DimSplit, size: int, mesh_shape: tuple[int, ...]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    sizes = split.sizes()
-    if sizes is not None and sum(sizes) != size:
-        raise ValueError(
-            f"fused dimension {split.token()} has parts of {' + '.join(map(str, sizes))} = "
-            f"{sum(sizes)} indices, but the tensor's dimension has {size}"
-        )
+    sizes = split.sizes()  # their sum is the size: Layout.check_shape
     rows: list[tuple[int, int, int]] = []
     base = offset = 0
     for steps, n in zip(split.step_lists(), sizes or (size,)):
