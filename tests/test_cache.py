@@ -31,3 +31,23 @@ def test_bad_names_and_sizes_are_refused() -> None:
         BoundedCache("test-twice", 1, "")
     with pytest.raises(ValueError, match=r"no cache named \['nope'\]"):
         meshcast.clear_caches(["nope"])
+
+
+def test_plan_serves_a_repeated_call_from_its_cache() -> None:
+    from meshcast.core.cases import PAPER_CASES
+
+    meshcast.clear_plan_cache()
+    task = PAPER_CASES[2].task()
+    topo = meshcast.Topology.preset("p3.8xlarge", 4)
+    first = meshcast.plan(task, topo)
+    again = meshcast.plan(meshcast.ReshardTask.from_json(task.to_json()), topo)  # equal, new
+    assert again is first
+    info = meshcast.cache_info()["planning.plan"]
+    assert (info.size, info.hits, info.misses) == (1, 1, 1)
+    fresh = meshcast.plan(task, topo, cache=False)  # planned anew, the cache left as it is
+    assert fresh is not first and fresh == first
+    assert meshcast.cache_info()["planning.plan"].misses == 1
+    assert meshcast.plan(task, topo, balance="none") is not first  # other options: a miss
+    assert meshcast.plan(task) is meshcast.plan(task)  # the default topology too
+    meshcast.clear_plan_cache()
+    assert meshcast.cache_info()["planning.plan"].size == 0

@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from .cache import BoundedCache
 from .mesh import Mesh
 from .topology import Topology
 
@@ -229,6 +230,13 @@ def _check_job_covers(topology: Topology, meshes: Sequence[Mesh]) -> None:
         )
 
 
+_CONVENTION: BoundedCache[tuple[Mesh, ...], Topology] = BoundedCache(
+    "core.convention_topology", 64, "Topology.from_meshes of the meshes planned outside a job"
+)
+"""The paper-convention topologies :func:`topology_for_meshes` made outside a job, by meshes
+(a planning call with a cached plan then costs microseconds, not a new topology)."""
+
+
 def topology_for_meshes(topology: Topology | None, *meshes: Mesh) -> Topology:
     """``topology``; when it is None, the running job's hosts read from its environment
     (:func:`job_topology`: torchrun, ``meshcast.launch``), else, outside a job, the paper's
@@ -238,7 +246,7 @@ def topology_for_meshes(topology: Topology | None, *meshes: Mesh) -> Topology:
         if topology is not None:
             _check_job_covers(topology, meshes)
             return topology
-        topology = Topology.from_meshes(*meshes)
+        return _CONVENTION.get_or_make(meshes, lambda: Topology.from_meshes(*meshes))
     elif not isinstance(topology, Topology):
         raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
     topology.covers({r for mesh in meshes for r in mesh.devices})

@@ -34,6 +34,7 @@ from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_ch
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
 from ..core.units import GBIT
+from .planner import PLAN_CACHE
 from .planner import plan as plan_one
 
 __all__ = [
@@ -186,7 +187,7 @@ def plan_many(
     if balance == "joint":
         plans = _joint_plans(tasks, topology, strategy) if tasks else []
     else:
-        plans = [plan_one(t, topology, strategy, balance) for t in tasks]
+        plans = [plan_one(t, topology, strategy, balance, cache=cache) for t in tasks]
     if cache:
         PLANS.put(key, tuple(plans))
     return plans
@@ -200,10 +201,12 @@ def plan_cache_info() -> dict[str, int]:
 
 
 def clear_plan_cache() -> None:
-    """Forget every cached plan and schedule (:data:`PLANS`, :data:`SCHEDULES`) and zero the
+    """Forget every cached plan and schedule (:data:`PLANS`, :data:`SCHEDULES`, and
+    :func:`meshcast.plan`'s :data:`~meshcast.planning.planner.PLAN_CACHE`) and zero the
     counters."""
     PLANS.clear()
     SCHEDULES.clear()
+    PLAN_CACHE.clear()
 
 
 # -- the bucketed, phased schedule ------------------------------------------------------------

@@ -6,6 +6,7 @@ Planning is a pure function of its arguments: the same plan on every rank and ev
 
 from __future__ import annotations
 
+from ..core.cache import BoundedCache
 from ..core.job import topology_for_meshes
 from ..core.plan import Plan
 from ..core.task import ReshardTask
@@ -14,7 +15,7 @@ from .auto import auto_plan
 from .fixed import STRATEGIES, fixed_plan
 from .order import order_plan
 
-__all__ = ["BALANCES", "STRATEGIES", "plan"]
+__all__ = ["BALANCES", "PLAN_CACHE", "STRATEGIES", "plan"]
 
 BALANCES = ("none", "size", "order", "auto")
 """How senders (and order) are chosen among the holders of a slice: ``"none"`` takes the first
@@ -24,12 +25,22 @@ seeded greedy rounds plus a bounded search, :mod:`meshcast.planning.order`); ``"
 method (LP senders, striping, per-slice strategy, list scheduling, checked by simulation:
 :mod:`meshcast.planning.auto`)."""
 
+PLAN_CACHE: BoundedCache[tuple[ReshardTask, Topology, str | None, str], Plan] = BoundedCache(
+    "planning.plan", 256, "plans of plan() by (task, topology, strategy, balance)"
+)
+"""The plans :func:`plan` made, by (task, resolved topology, strategy, balance). A plan is
+immutable and a pure function of that key, so a hit is the plan the call would make. 256
+entries: a model's distinct tensor shapes x layouts fit (a plan of a very large task holds its
+operations: ``meshcast.clear_caches(["planning.plan"])`` frees them)."""
+
 
 def plan(
     task: ReshardTask,
     topology: Topology | None = None,
     strategy: str | None = None,
     balance: str | None = None,
+    *,
+    cache: bool = True,
 ) -> Plan:
     """Plan ``task``: decompose it into unit slices and choose, for each, how it moves.
 
@@ -44,6 +55,10 @@ def plan(
     its one plan is certified optimal against the lower bound). A strategy alone keeps the old
     default
     ``balance="none"``; a balance alone uses ``strategy="broadcast"`` (``"auto"``: any).
+
+    Plans are cached (:data:`PLAN_CACHE`): a second call with an equal task, topology and
+    options returns the same :class:`Plan` object without planning; ``cache=False`` plans anew
+    and leaves the cache as it is.
     """
     if not isinstance(task, ReshardTask):
         raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
@@ -58,9 +73,17 @@ def plan(
     if balance not in BALANCES:
         raise ValueError(f"balance={balance!r} is unknown; choose one of {', '.join(BALANCES)}")
     topology = topology_for_meshes(topology, task.src.mesh, task.dst.mesh)
+    key = (task, topology, strategy, balance)
+    if cache:
+        hit = PLAN_CACHE.get(key)
+        if hit is not None:
+            return hit
     if balance == "auto":
-        return auto_plan(task, topology, strategy)
-    assert strategy is not None
-    if balance == "order":
-        return order_plan(task, topology, strategy)
-    return fixed_plan(task, topology, strategy, balance)
+        made = auto_plan(task, topology, strategy)
+    elif balance == "order":
+        assert strategy is not None
+        made = order_plan(task, topology, strategy)
+    else:
+        assert strategy is not None
+        made = fixed_plan(task, topology, strategy, balance)
+    return PLAN_CACHE.put(key, made) if cache else made
