@@ -14,6 +14,9 @@ bounded by counts. See ``docs/scheduling.md``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import numpy as np
 
 from ..core.ops import AllGather, Op
@@ -23,6 +26,7 @@ from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound, lower_bound_details
 from ..estimate.simulate import simulate, time_floor
 from .budgets import (
+    AUTO_GOOD_ENOUGH,
     AUTO_SEARCH_BUDGET,
     AUTO_SEARCH_GAP,
     AUTO_SEARCH_STEPS,
@@ -35,6 +39,7 @@ from .budgets import (
 )
 from .dispatch import dispatch, order_items
 from .fixed import STRATEGIES, fixed_plan
+from .floors import strategy_floors
 from .items import Item, own_items
 from .large import large_plan
 from .order import order_plan
@@ -53,8 +58,14 @@ OWN_VARIANTS: tuple[tuple[bool, bool, str], ...] = tuple(
 """(stripe, chunk, order) of the plans of our own method that ``"auto"`` tries, in this order
 (the order of the candidates decides ties)."""
 
-Candidate = tuple[str, str, tuple[Op, ...], tuple]
-"""(strategy label, where it comes from, operations, fallbacks)."""
+TRIALS_PER_STAGE = 4
+"""``"auto"`` checks after every this many seeded trials whether it can stop (the trials of one
+item variant come in stages of this size). Set once; not derived."""
+
+Candidate = tuple[tuple, str, str, tuple[Op, ...], tuple]
+"""(position, strategy label, where it comes from, operations, fallbacks). Positions order the
+candidates for ties: our own variants in :data:`OWN_VARIANTS` order ``(0, k)``, then the seeded
+trials ``(1, c, k)``, the vectorised plans ``(2, j)``, the fixed combinations ``(3, s, b)``."""
 
 
 def _fixed(task: ReshardTask, topology: Topology, strategy: str, balance: str) -> Plan:
@@ -69,76 +80,222 @@ def auto_plan(
     """Our method (module doc) on a resolved ``topology``. ``strategy=None``: choose per slice
     among the strategies; a given strategy restricts the candidates to it. ``sim_limit``
     (default :data:`~meshcast.planning.budgets.AUTO_SIM_LIMIT`): above this many unit slices
-    (or transfers, for the own method's variants) build one plan instead of simulating all."""
+    (or transfers, for the own method's variants) build one plan instead of simulating all.
+
+    Work stops as soon as the rest cannot matter. The candidates come in stages: the vectorised
+    plans, our own variants, the seeded trials; the fixed combinations as soon as the best is
+    within :data:`~meshcast.planning.budgets.AUTO_GOOD_ENOUGH` of the lower bound (else last).
+    A stage's candidates keep their place in the tie order whenever they are built. Planning
+    stops when the best meets the lower bound (within
+    :data:`~meshcast.planning.budgets.CERTIFY_TOL`: no plan is faster), or is within
+    ``AUTO_GOOD_ENOUGH`` of it and no fixed plan can be faster (built and simulated, or ruled
+    out by its strategy's floor, :func:`~meshcast.planning.floors.strategy_floors`). A
+    strategy's fixed plans are built only when its floor is below the best time so far.
+    """
     if strategy in (None, "broadcast") and len(task.decomposition) > sim_limit:
         return _checked_large_plan(task, topology, strategy)
     lbd = lower_bound_details(task, topology)
-    candidates: list[Candidate] = []
+    pool = _Pool(task, topology)
+    fixed = _FixedStage(task, topology, lbd, strategy, pool)
     if strategy in (None, "broadcast"):
-        candidates += _own_candidates(task, topology, lbd, strategy, sim_limit)
-    # the nine fixed combinations are always candidates: auto is never slower than any of them
-    for s in STRATEGIES if strategy is None else (strategy,):
-        for b in FIXED_BALANCES:
-            p = _fixed(task, topology, s, b)
-            candidates.append((s, b, p.ops, p.fallbacks))
-    times = _simulate_all(task, topology, candidates)
-    best = min(range(len(candidates)), key=lambda i: (times[i], i))
-    if times[best] > AUTO_SEARCH_GAP * lbd.unmargined_s:
+        own = _OwnMethod(task, topology, lbd, strategy, sim_limit)
+        good = lbd.unmargined_s * (1 + AUTO_GOOD_ENOUGH)
+        stages = [own.variants, *own.trial_stages()]
+        pool.add(_large_candidates(task, topology))
+        while True:
+            if pool.best_time() <= lbd.unmargined_s * (1 + CERTIFY_TOL):
+                return pool.plan(pool.best())  # at the lower bound: no plan is faster
+            if pool.best_time() <= good:
+                if fixed.settled():
+                    return pool.plan(pool.best())
+                pool.add(fixed())  # all that is left to settle
+            elif stages:
+                pool.add(stages.pop(0)())
+            else:
+                break
+    if not fixed.built:
+        pool.add(fixed())
+    best = pool.best()
+    if pool.times[best] > AUTO_SEARCH_GAP * lbd.unmargined_s:
         # local search from the fastest candidate without all-gathers (any order of copies,
         # sends and broadcasts moves the same data; an all-gather must follow its parts)
-        free = [i for i in range(len(candidates))
-                if not any(isinstance(op, AllGather) for op in candidates[i][2])]
+        free = [i for i, c in enumerate(pool.candidates)
+                if not any(isinstance(op, AllGather) for op in c[3])]
         if free:
-            start = min(free, key=lambda i: (times[i], i))
-            label, _, ops, fallbacks = candidates[start]
+            _, label, _, ops, fallbacks = pool.candidates[min(free, key=pool.rank)]
             ops, t = local_search(task, topology, ops, label)
-            if t < times[best]:
+            if t < pool.times[best]:
                 return Plan(task, ops, label, "auto", topology, fallbacks)
-    label, _, ops, fallbacks = candidates[best]
-    return Plan(task, ops, label, "auto", topology, fallbacks)
+    return pool.plan(best)
 
 
-def _own_candidates(
-    task: ReshardTask, topology: Topology, lbd: LowerBound, strategy: str | None, sim_limit: int
-) -> list[Candidate]:
-    """The plans of our own method: every variant of :data:`OWN_VARIANTS` (only the first above
-    ``sim_limit`` transfers), seeded non-delay trials, and the vectorised plans of
-    :func:`~meshcast.planning.large.large_plan`."""
-    slices = list(iter_slices(task))
-    transfers = sum(len(s.remote) for s in slices)
-    lat = topology.latency_us * 1e-6
-    out: list[Candidate] = []
-    variants = OWN_VARIANTS if transfers <= sim_limit else OWN_VARIANTS[:1]
-    built: dict[tuple[bool, bool], tuple[list[Item], str]] = {}
-    for stripe, chunk, order in variants:
-        if (stripe, chunk) not in built:
-            items, used_p2p = own_items(
-                task, topology, slices, lbd, stripe=stripe, chunk=chunk, p2p=strategy is None
-            )
-            built[(stripe, chunk)] = (items, "auto" if used_p2p else "broadcast")
-        items, label = built[(stripe, chunk)]
-        out.append((label, "own", tuple(order_items(items, order, lat)), ()))
-    if transfers <= sim_limit:
-        # seeded non-delay trials with perturbed priorities, within a budget of items
-        for c, (items, label) in enumerate(built.values()):
-            trials = min(AUTO_TRIALS, AUTO_TRIAL_BUDGET // (len(built) * max(len(items), 1)))
-            for k in range(trials):
-                rng = np.random.default_rng([SEED, c, k])
-                ops = dispatch(items, lat, queue_on_nic=True, rng=rng)
-                out.append((label, "own", tuple(ops), ()))
-    # the vectorised plans of larger tasks (rank-disjoint rounds; phased on shared NICs)
+class _FixedStage:
+    """The fixed combinations as a stage of ``"auto"``: calling it builds the fixed plans of
+    every strategy whose floor (:func:`~meshcast.planning.floors.strategy_floors`) the best
+    candidate so far does not beat (the three strategies build the same operations when every
+    slice has one receiver to reach: then one stands for all), and keeps those whose
+    :func:`meshcast.time_floor` is below the best so far (the others cannot be faster);
+    :meth:`settled` says whether no fixed plan can be faster than the best so far."""
+
+    def __init__(self, task: ReshardTask, topology: Topology, lbd: LowerBound,
+                 strategy: str | None, pool: _Pool) -> None:
+        self.task, self.topology, self.lbd, self.pool = task, topology, lbd, pool
+        self.strategies = STRATEGIES if strategy is None else (strategy,)
+        self._floors: dict[str, float] | None = None
+        self.built = False
+
+    def floors(self) -> dict[str, float]:
+        """The strategies' floors (computed once)."""
+        if self._floors is None:
+            self._floors = strategy_floors(self.task, self.topology, self.lbd)
+        return self._floors
+
+    def settled(self) -> bool:
+        """Whether the fixed plans are in the pool, or none could beat its best."""
+        return self.built or all(self.pool.beats(self.floors()[s]) for s in self.strategies)
+
+    def __call__(self) -> list[Candidate]:
+        out: list[Candidate] = []
+        strategies = self.strategies
+        if len(strategies) > 1 and one_remote_receiver(self.task):
+            strategies = strategies[:1]
+        for k, s in enumerate(strategies):
+            if self.pool.times and self.pool.beats(self.floors()[s]):
+                continue  # no fixed plan of s can be faster than the best so far
+            for j, b in enumerate(FIXED_BALANCES):
+                p = _fixed(self.task, self.topology, s, b)
+                if self.pool.beats(time_floor(p, self.topology)):
+                    continue  # its quick floor shows it cannot be faster: not simulated
+                out.append(((3, k, j), s, b, p.ops, p.fallbacks))
+        self.built = True
+        return out
+
+
+class _Pool:
+    """The candidates simulated so far and their times (each distinct op list simulated once);
+    the best is the fastest, ties to the earliest position."""
+
+    def __init__(self, task: ReshardTask, topology: Topology) -> None:
+        self.task, self.topology = task, topology
+        self.candidates: list[Candidate] = []
+        self.times: list[float] = []
+        self._seen: dict[tuple, float] = {}
+        self._op_keys: dict[int, tuple] = {}
+
+    def add(self, candidates: list[Candidate]) -> None:
+        """Simulate and keep ``candidates``."""
+        for c in candidates:
+            key = _ops_key(c[3], self._op_keys)
+            t = self._seen.get(key)
+            if t is None:
+                plan = Plan(self.task, c[3], c[1], "auto", self.topology, c[4])
+                t = self._seen[key] = simulate(plan, self.topology).time_s
+            self.candidates.append(c)
+            self.times.append(t)
+
+    def rank(self, i: int) -> tuple[float, tuple]:
+        """Sort key of candidate ``i``: its time, then its position."""
+        return self.times[i], self.candidates[i][0]
+
+    def best(self) -> int:
+        """Index of the fastest candidate (the earliest position of equals)."""
+        return min(range(len(self.times)), key=self.rank)
+
+    def best_time(self) -> float:
+        """The fastest candidate's time (infinite with none)."""
+        return min(self.times, default=math.inf)
+
+    def beats(self, floor: float) -> bool:
+        """Whether the best so far is no slower than ``floor`` (up to a relative
+        :data:`~meshcast.planning.budgets.FLOOR_TOL` for float rounding), so no plan above that
+        floor can be faster by more than that."""
+        return bool(self.times) and self.best_time() <= floor * (1 + FLOOR_TOL)
+
+    def plan(self, i: int) -> Plan:
+        """Candidate ``i`` as an ``"auto"`` plan."""
+        _, label, _, ops, fallbacks = self.candidates[i]
+        return Plan(self.task, ops, label, "auto", self.topology, fallbacks)
+
+
+def _large_candidates(task: ReshardTask, topology: Topology) -> list[Candidate]:
+    """The vectorised plans of :func:`~meshcast.planning.large.large_plan` (rank-disjoint
+    rounds; phased on shared NICs)."""
     rounds_plan, _, phased_plan = large_plan(task, topology)
-    for large in (rounds_plan, phased_plan):
-        if large is not None:
-            out.append(("broadcast", "own", large.ops, ()))
-    return out
+    return [((2, j), "broadcast", "own", p.ops, ())
+            for j, p in enumerate((rounds_plan, phased_plan)) if p is not None]
 
 
-def _ops_key(ops: tuple[Op, ...]) -> tuple:
-    """A hashable form of an op list (slices are not hashable before Python 3.12)."""
-    return tuple(
-        (op.kind, op.ranks(), tuple((b.start, b.stop) for b in op.box)) for op in ops
-    )
+class _OwnMethod:
+    """The plans of our own method (:mod:`.items`, :mod:`.dispatch`) in two stages:
+    :meth:`variants` and :meth:`trials`."""
+
+    def __init__(self, task: ReshardTask, topology: Topology, lbd: LowerBound,
+                 strategy: str | None, sim_limit: int) -> None:
+        self.task, self.topology, self.lbd, self.strategy = task, topology, lbd, strategy
+        self.slices = list(iter_slices(task))
+        self.within = sum(len(s.remote) for s in self.slices) <= sim_limit
+        self.lat = topology.latency_us * 1e-6
+        self.built: dict[tuple[bool, bool], tuple[list[Item], str]] = {}
+
+    def variants(self) -> list[Candidate]:
+        """Every variant of :data:`OWN_VARIANTS` (only the first above ``sim_limit``
+        transfers)."""
+        out: list[Candidate] = []
+        for k, (stripe, chunk, order) in enumerate(
+            OWN_VARIANTS if self.within else OWN_VARIANTS[:1]
+        ):
+            if (stripe, chunk) not in self.built:
+                items, used_p2p = own_items(self.task, self.topology, self.slices, self.lbd,
+                                            stripe=stripe, chunk=chunk,
+                                            p2p=self.strategy is None)
+                self.built[(stripe, chunk)] = (items, "auto" if used_p2p else "broadcast")
+            items, label = self.built[(stripe, chunk)]
+            out.append(((0, k), label, "own", tuple(order_items(items, order, self.lat)), ()))
+        return out
+
+    def trial_stages(self) -> list[Callable[[], list[Candidate]]]:
+        """Seeded non-delay trials with perturbed priorities, within a budget of items (none
+        above ``sim_limit`` transfers), in stages of :data:`TRIALS_PER_STAGE` (each stage
+        builds the item variants it needs; the variants stage has built all three)."""
+        if not self.within:
+            return []
+        stages = []
+        for c in range(3):
+            for first in range(0, AUTO_TRIALS, TRIALS_PER_STAGE):
+                stages.append(lambda c=c, first=first: self._trials(c, first))
+        return stages
+
+    def _trials(self, c: int, first: int) -> list[Candidate]:
+        built = list(self.built.values())
+        if c >= len(built):
+            return []
+        items, label = built[c]
+        trials = min(AUTO_TRIALS, AUTO_TRIAL_BUDGET // (len(built) * max(len(items), 1)))
+        out: list[Candidate] = []
+        for k in range(first, min(first + TRIALS_PER_STAGE, trials)):
+            rng = np.random.default_rng([SEED, c, k])
+            ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng)
+            out.append(((1, c, k), label, "own", tuple(ops), ()))
+        return out
+
+
+def _op_key(op: Op) -> tuple:
+    """A hashable form of an operation (slices are not hashable before Python 3.12)."""
+    return op.kind, op.ranks(), tuple((b.start, b.stop) for b in op.box)
+
+
+def _ops_key(ops: tuple[Op, ...], memo: dict[int, tuple] | None = None) -> tuple:
+    """A hashable form of an op list; ``memo`` keeps each operation object's key by ``id``
+    (the candidates of one pool reorder the same objects; they stay alive with the pool)."""
+    if memo is None:
+        return tuple(map(_op_key, ops))
+    out = []
+    for op in ops:
+        k = memo.get(id(op))
+        if k is None:
+            k = memo[id(op)] = _op_key(op)
+        out.append(k)
+    return tuple(out)
 
 
 def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Plan:
@@ -217,20 +374,3 @@ def local_search(
         if new.time_s < rep.time_s:
             cur, rep = cand, new
     return tuple(cur), rep.time_s
-
-
-def _simulate_all(
-    task: ReshardTask, topology: Topology, candidates: list[tuple[str, str, tuple[Op, ...], tuple]]
-) -> list[float]:
-    """Simulated time of every candidate (each distinct op list simulated once)."""
-    seen: dict[tuple, float] = {}
-    out: list[float] = []
-    for label, _, ops, fallbacks in candidates:
-        key = _ops_key(ops)
-        t = seen.get(key)
-        if t is None:
-            t = simulate(Plan(task, ops, label, "auto", topology, fallbacks), topology).time_s
-            seen[key] = t
-        out.append(t)
-    return out
-

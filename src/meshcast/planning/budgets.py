@@ -9,6 +9,7 @@ task-specific tuning") and changing any of them changes plans.
 from __future__ import annotations
 
 __all__ = [
+    "AUTO_GOOD_ENOUGH",
     "AUTO_SEARCH_BUDGET",
     "AUTO_SEARCH_GAP",
     "AUTO_SEARCH_STEPS",
@@ -51,6 +52,11 @@ CERTIFY_TOL = 1e-9
 """Above :data:`AUTO_SIM_LIMIT`, the one plan built is kept without simulating others when its
 exact time is within this relative margin of the lower bound (before the bound's own 1e-9 float
 margin): then no plan, fixed or not, is faster by more than about 2e-9 relative."""
+AUTO_GOOD_ENOUGH = 1e-3
+"""``"auto"`` stops after its first candidates (the round orders of its own plans) when the best
+is within this relative margin of the lower bound and no slower than any fixed strategy can be
+(docs/scheduling.md, "Planner speed"): the rest could gain at most this much. Set once; not
+derived."""
 AUTO_SEARCH_GAP = 1.2
 """``"auto"`` improves its best plan by local search when it simulates above this many times the
 lower bound (docs/scheduling.md, step 8). Set once; not derived."""

@@ -1,7 +1,9 @@
 """``balance="order"``: the paper's joint choice of senders and order (PAPER.md section 3).
 
 Randomised greedy rounds of host-disjoint transfers, senders drawn favouring lightly loaded
-hosts, best of :data:`~meshcast.planning.budgets.ORDER_TRIALS` seeded trials; for small
+hosts, best of :data:`~meshcast.planning.budgets.ORDER_TRIALS` seeded trials (fewer when every
+job has one candidate sender host and a trial already reaches the busiest host's work: no later
+trial could be kept); for small
 instances a depth-first branch-and-bound search improves on the best trial. Cost model
 (:class:`_HostModel`): a transfer starts when its sender host and all its receiver hosts are
 free and occupies them for size / bandwidth. Pure: seeded, bounded by counts.
@@ -128,6 +130,7 @@ def _greedy_rounds(
 ) -> tuple[list[tuple[int, int]], int]:
     """One randomised trial: rounds of host-disjoint transfers. Returns (order, nodes spent)."""
     remaining = [net[i] for i in rng.permutation(len(net))]
+    noise = _Draws(rng)
     load = [0.0] * num_hosts
     order: list[tuple[int, int]] = []
     nodes = 0
@@ -154,15 +157,39 @@ def _greedy_rounds(
                 rest.append(j)
                 continue
             # favour light load: load scaled by a random factor in [1, 1 + LOAD_NOISE)
-            noise = rng.random(len(free))
-            h = free[int(np.argmin(
-                [load[x] / mean * (1 + LOAD_NOISE * u) for x, u in zip(free, noise)]
-            ))]
+            u = noise.take(len(free))
+            if len(free) == 1:
+                h = free[0]
+            else:
+                scaled = [load[x] / mean * (1 + LOAD_NOISE * v) for x, v in zip(free, u)]
+                h = free[min(range(len(free)), key=scaled.__getitem__)]
             busy.update(model.hosts(j, h))
             load[h] += model.dur[j][h]
             order.append((j, h))
         remaining = rest
     return order, nodes
+
+
+class _Draws:
+    """Uniform draws of ``rng`` taken a block at a time: ``take(k)`` returns the same numbers
+    as ``rng.random(k)`` would at that point (a generator's doubles come one after another
+    whatever the block size), with one numpy call per block instead of one per job."""
+
+    BLOCK = 1024
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self._buf: list[float] = []
+        self._pos = 0
+
+    def take(self, k: int) -> list[float]:
+        """The next ``k`` draws."""
+        if self._pos + k > len(self._buf):
+            self._buf = self._buf[self._pos :] + self._rng.random(max(k, self.BLOCK)).tolist()
+            self._pos = 0
+        out = self._buf[self._pos : self._pos + k]
+        self._pos += k
+        return out
 
 
 def _branch_and_bound(
@@ -263,9 +290,10 @@ def _best_of_trials(
     best: list[tuple[int, int]] | None = None
     best_key = (math.inf, math.inf)
     spent = 0
+    floor = _fixed_host_work(model, net, n_hosts)
     for trial in range(max(1, trials)):
-        if trial and spent >= node_budget:
-            break
+        if trial and (spent >= node_budget or best_key[0] <= floor):
+            break  # out of budget, or no later trial can have a smaller key
         rng = np.random.default_rng([seed, trial])
         order, nodes = _greedy_rounds(model, net, n_hosts, rng, max(1, node_budget - spent))
         spent += nodes
@@ -277,6 +305,20 @@ def _best_of_trials(
             best, best_key = order, key
     assert best is not None
     return best, best_key[0]
+
+
+def _fixed_host_work(model: _HostModel, net: list[int], n_hosts: int) -> float:
+    """When every job has one candidate sender host, every trial gives the hosts the same work
+    (so the same load spread) and none has a makespan below the busiest host's work: that work.
+    Else minus infinity (the trials differ in their senders: no trial ends the search)."""
+    if any(len(model.cands[j]) != 1 for j in net):
+        return -math.inf
+    work = [0.0] * n_hosts
+    for j in net:
+        h = model.cands[j][0]
+        for x in model.hosts(j, h):
+            work[x] += model.dur[j][h]
+    return max(work, default=0.0)
 
 
 def _ops_in_order(
