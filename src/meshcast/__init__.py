@@ -16,7 +16,7 @@ from .core.region import Region
 from .core.task import ReshardTask, UnitSlice
 from .core.topology import Topology
 from .estimate.lower_bound import LowerBound, lower_bound, lower_bound_details
-from .estimate.simulate import SimReport, simulate, time_floor
+from .estimate.simulate import SimReport, simulate, simulate_many, time_floor
 from .planning.many import (
     DEFAULT_BUCKET_BYTES,
     build_schedule,
@@ -71,6 +71,7 @@ __all__ = [
     "plan_many",
     "scatter",
     "simulate",
+    "simulate_many",
     "time_floor",
 ]
 
