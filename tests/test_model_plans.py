@@ -87,7 +87,7 @@ def test_tiny_model_plans_are_cached_checked_and_exact(kind):
         assert np.array_equal(mc.gather(out, plan.task.dst), x)
     joint = mc.simulate_many(plans)
     assert len(joint.start_s) == sum(len(p.ops) for p in plans)
-    assert joint.time_s >= mc.estimate.lower_bound.joint_lower_bound(sync.tasks, sync.topology)
+    assert joint.time_s >= mc.joint_lower_bound(sync.tasks, sync.topology)
     assert joint.time_s >= max(mc.simulate(p).time_s for p in plans)
 
 

@@ -8,6 +8,7 @@ figures of comparable jobs. A benchmark: it prints figures, it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from rich.console import Console
@@ -80,7 +81,7 @@ def _rows(f: SyncFigures) -> list[tuple[str, str]]:
 
 def run(args: argparse.Namespace) -> int:
     """Build, plan, simulate and bound each model's sync; print one column per model."""
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()[0]
     syncs = _syncs(args)
     figures = []
     for sync in syncs:
@@ -103,5 +104,6 @@ def run(args: argparse.Namespace) -> int:
                   "published, comparable jobs:")
             for seconds, what in PUBLISHED:
                 print(f"  {seconds}: {what}")
-    print(f"total {time.perf_counter() - started:.1f} s")
+    print(f"total {time.perf_counter() - started:.1f} s; load average (1 min) {load:.2f} at the "
+          f"start, {os.getloadavg()[0]:.2f} at the end")
     return 0
