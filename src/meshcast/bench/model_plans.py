@@ -314,6 +314,7 @@ class SyncFigures(NamedTuple):
     plan_s: float  # first plan_many call, model order, cold (fresh tasks, empty plan cache)
     cached_us: float  # best cached plan_many call, microseconds
     same_objects: bool  # the cached call returned the very plan objects of the first
+    check_s: float  # Plan.check() of every plan (raises if one is wrong)
     sync_plan_s: float  # plan_many of the sync order (decompositions already made)
     simulate_s: float  # simulate_many of the sync order's plans
     model_order_time: float  # simulated sync time, tasks in model order
@@ -330,8 +331,9 @@ def _timed(fn):
 
 def measure(sync: ModelSync, repeats: int = 5) -> SyncFigures:
     """Plan ``sync`` with :func:`meshcast.plan_many` (first call, then ``repeats`` cached calls),
-    simulate it as one job (:func:`meshcast.simulate_many`) in model order and in
-    :func:`sync_order`, and compute :func:`meshcast.joint_lower_bound`."""
+    check every plan (:meth:`meshcast.Plan.check`), simulate the sync as one job
+    (:func:`meshcast.simulate_many`) in model order and in :func:`sync_order`, and compute
+    :func:`meshcast.joint_lower_bound`."""
     clear_plan_cache()
     tasks, topo = sync.tasks, sync.topology
     plans, plan_s = _timed(lambda: plan_many(tasks, topo))
@@ -340,6 +342,7 @@ def measure(sync: ModelSync, repeats: int = 5) -> SyncFigures:
         again, seconds = _timed(lambda: plan_many(tasks, topo))
         cached.append(seconds)
     same = all(a is b for a, b in zip(plans, again))
+    _, check_s = _timed(lambda: [p.check() for p in plans])
     model_time = simulate_many(plans, topo).time_s
     ordered = [tasks[k] for k in sync_order(tasks)]
     sync_plans, sync_plan_s = _timed(lambda: plan_many(ordered, topo))
@@ -348,7 +351,7 @@ def measure(sync: ModelSync, repeats: int = 5) -> SyncFigures:
     return SyncFigures(
         tasks=len(tasks), params=sync.num_params, nbytes=sync.nbytes,
         ops=sum(len(p.ops) for p in plans), plan_s=plan_s, cached_us=min(cached) * 1e6,
-        same_objects=same, sync_plan_s=sync_plan_s, simulate_s=simulate_s,
+        same_objects=same, check_s=check_s, sync_plan_s=sync_plan_s, simulate_s=simulate_s,
         model_order_time=model_time, sync_order_time=report.time_s, bound=bound,
         bound_s=bound_s,
     )

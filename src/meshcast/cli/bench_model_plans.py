@@ -68,6 +68,7 @@ def _rows(f: SyncFigures) -> list[tuple[str, str]]:
         ("plan_many first call s", f"{f.plan_s:.3f}"),
         ("plan_many cached us", f"{f.cached_us:,.0f}"),
         ("cached = same objects", "yes" if f.same_objects else "NO"),
+        ("plan.check() all s", f"{f.check_s:.3f}"),
         ("plan_many sync order s", f"{f.sync_plan_s:.3f}"),
         ("simulate_many s", f"{f.simulate_s:.3f}"),
         ("joint_lower_bound s", f"{f.bound_s:.3f}"),
