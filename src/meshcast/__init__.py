@@ -15,8 +15,13 @@ from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, check_plan
 from .core.region import Region
 from .core.task import ReshardTask, UnitSlice
 from .core.topology import Topology
-from .estimate.lower_bound import LowerBound, lower_bound, lower_bound_details
-from .estimate.simulate import SimReport, simulate, time_floor
+from .estimate.lower_bound import (
+    LowerBound,
+    joint_lower_bound,
+    lower_bound,
+    lower_bound_details,
+)
+from .estimate.simulate import SimReport, simulate, simulate_many, time_floor
 from .planning.many import (
     DEFAULT_BUCKET_BYTES,
     build_schedule,
@@ -61,6 +66,7 @@ __all__ = [
     "fused_tasks",
     "gather",
     "job_topology",
+    "joint_lower_bound",
     "layout_picture",
     "lower_bound",
     "lower_bound_details",
@@ -71,6 +77,7 @@ __all__ = [
     "plan_many",
     "scatter",
     "simulate",
+    "simulate_many",
     "time_floor",
 ]
 

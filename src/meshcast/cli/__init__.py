@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # `meshcast bench NAME` -> (module, one-line help)
 BENCHES: dict[str, tuple[str, str]] = {
     "plan-speed": ("meshcast.cli.bench_plan_speed", "time decomposition and planning"),
+    "model-plans": ("meshcast.cli.bench_model_plans", "whole-model weight syncs on paper"),
     "planner": ("meshcast.cli.bench_planner", "plan quality: simulated time / lower bound"),
     "pipeline": ("meshcast.cli.bench_pipeline", "pipeline schedules: simulated step times"),
     "weights": ("meshcast.cli.bench_weights", "weight sync: meshcast vs gather+broadcast"),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,83 +34,9 @@ from ..core.layout import box_size
 from ..core.plan import AllGather, Broadcast, Copy, Plan, Send, broadcast_chain
 from ..core.topology import Topology
 from ..core.units import GBIT
+from .report import SimReport
 
-__all__ = ["SimReport", "simulate", "time_floor"]
-
-
-
-@dataclass(frozen=True)
-class SimReport:
-    """What :func:`simulate` found.
-
-    ``start_s[i]`` / ``end_s[i]``: when operation ``i`` of the plan started (its ranks free) and
-    finished; ``transfer_s[i]``: when it began moving bytes (after its latency). ``op_nics[i]``:
-    the NICs it loads, as indices into ``nic_names``. ``host_bytes_out[h]`` / ``host_bytes_in[h]``:
-    bytes leaving / entering host ``h`` through its NICs (int64; exact Python ints, dtype object,
-    in the rare case that a count exceeds int64).
-    """
-
-    time_s: float
-    start_s: np.ndarray
-    transfer_s: np.ndarray
-    end_s: np.ndarray
-    host_bytes_out: np.ndarray
-    host_bytes_in: np.ndarray
-    op_nics: tuple[tuple[int, ...], ...]
-    nic_names: tuple[str, ...]
-    kinds: tuple[str, ...]
-
-    @property
-    def timeline(self) -> list[tuple[int, str, float, float]]:
-        """``[(op index, kind, start_s, end_s), ...]`` sorted by start time."""
-        order = np.lexsort((np.arange(len(self.start_s)), self.start_s))
-        return [
-            (int(i), self.kinds[i], float(self.start_s[i]), float(self.end_s[i])) for i in order
-        ]
-
-    def nic_intervals(self) -> dict[str, list[tuple[float, float, int]]]:
-        """``{nic name: [(begin_s, end_s, op index), ...]}``: when each NIC carried which op."""
-        out: dict[str, list[tuple[float, float, int]]] = {n: [] for n in self.nic_names}
-        for i, nics in enumerate(self.op_nics):
-            for k in nics:
-                out[self.nic_names[k]].append(
-                    (float(self.transfer_s[i]), float(self.end_s[i]), i)
-                )
-        return out
-
-    def summary(self) -> str:
-        """Time and bytes per host, one line each."""
-        lines = [f"simulated time: {self.time_s * 1e3:.3f} ms over {len(self.start_s)} ops"]
-        for h, (o, i) in enumerate(zip(self.host_bytes_out, self.host_bytes_in)):
-            if o or i:
-                lines.append(f"  host {h}: out {int(o)} B, in {int(i)} B")
-        return "\n".join(lines)
-
-    def plot(self, path: str, title: str = "") -> None:
-        """Draw the schedule as a Gantt chart, one row per NIC direction, into ``path`` (PNG)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        intervals = {k: v for k, v in self.nic_intervals().items() if v}
-        rows = list(intervals)
-        fig_h = max(2.0, 0.35 * len(rows) + 1.2)
-        fig, ax = plt.subplots(figsize=(11, fig_h))
-        colours = plt.get_cmap("tab20")
-        for y, name in enumerate(rows):
-            bars = [(b * 1e3, max(e - b, 0.0) * 1e3) for b, e, _ in intervals[name]]
-            faces = [colours(i % 20) for _, _, i in intervals[name]]
-            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=faces, edgecolor="black", lw=0.2)
-        ax.set_yticks(range(len(rows)), rows)
-        ax.invert_yaxis()
-        ax.set_xlabel("time (ms)")
-        ax.set_xlim(0, max(self.time_s * 1e3, 1e-9) * 1.02)
-        ax.set_title(title or f"simulated schedule: {self.time_s * 1e3:.3f} ms")
-        ax.grid(axis="x", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+__all__ = ["SimReport", "simulate", "simulate_many", "time_floor"]
 
 
 class _Nics:
@@ -175,21 +101,51 @@ def _op_model(plan: Plan, topology: Topology, nics: _Nics):
     return out
 
 
+def _topology_of(plans: Sequence[Plan], topology: Topology | None) -> Topology:
+    """``topology``, or the first plan's own; checked to place every rank of every plan."""
+    for plan in plans:
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
+    if topology is None:
+        topology = plans[0].topology
+    elif not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
+    topology.covers({r for plan in plans for op in plan.ops for r in op.ranks()})
+    return topology
+
+
 def simulate(plan: Plan, topology: Topology | None = None) -> SimReport:
     """Simulate ``plan`` on ``topology`` (default: the plan's own) and report the makespan.
 
     Deterministic: the same plan and topology always give the same report.
     """
-    if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be a meshcast.Plan, got {type(plan).__name__}")
-    if topology is None:
-        topology = plan.topology
-    elif not isinstance(topology, Topology):
-        raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
-    topology.covers({r for op in plan.ops for r in op.ranks()})
+    topology = _topology_of([plan], topology)
     nics = _Nics(topology)
-    model = _op_model(plan, topology, nics)
-    kinds = tuple(op.kind for op in plan.ops)
+    return _report(_op_model(plan, topology, nics), [op.kind for op in plan.ops], topology, nics)
+
+
+def simulate_many(plans: Sequence[Plan], topology: Topology | None = None) -> SimReport:
+    """Simulate ``plans`` run together as one job (a weight sync, :func:`meshcast.plan_many`'s
+    plans), on ``topology`` (default: the first plan's own).
+
+    The operations of all plans form one sequence, plan after plan, each in its plan's order, as
+    :func:`meshcast.reshard_many` takes them: each rank runs its operations of all plans in that
+    order, and operations of different plans share the NICs like those of one plan. Operation
+    ``i`` of the report is operation ``i - offset`` of the plan it falls in (offsets: the
+    cumulative ``len(plan.ops)``). ``simulate_many([p])`` equals ``simulate(p)``.
+    """
+    plans = list(plans)
+    if not plans:
+        raise ValueError("simulate_many needs at least one plan")
+    topology = _topology_of(plans, topology)
+    nics = _Nics(topology)
+    model = [m for plan in plans for m in _op_model(plan, topology, nics)]
+    kinds = [op.kind for plan in plans for op in plan.ops]
+    return _report(model, kinds, topology, nics)
+
+
+def _report(model, kinds: list[str], topology: Topology, nics: _Nics) -> SimReport:
+    """Run the event loop on ``model`` (:func:`_op_model`'s rows) and report."""
     start, begin, end = _run(model, nics.caps)
     n_hosts = topology.num_hosts
     host_out = [0] * n_hosts  # Python ints: exact however many bytes cross
@@ -211,7 +167,7 @@ def simulate(plan: Plan, topology: Topology | None = None) -> SimReport:
         host_bytes_in=exact_array(host_in),
         op_nics=tuple(tuple(r for r in m[2]) for m in model),
         nic_names=tuple(nics.names),
-        kinds=kinds,
+        kinds=tuple(kinds),
     )
 
 

@@ -140,6 +140,31 @@ SCHEDULES = BoundedCache(
 entry keeps its plans, so an id is not reused while its entry lives."""
 
 
+class _Key(tuple):
+    """A cache key that hashes once (a model's key holds hundreds of tasks, and the cache looks
+    a key up more than once per call)."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("hash")
+        if h is None:
+            h = self.__dict__["hash"] = tuple.__hash__(self)
+        return h
+
+
+def _check_covered(tasks: Sequence[ReshardTask], topology: Topology) -> None:
+    """Raise ValueError naming the first task with a rank ``topology`` does not place. The
+    distinct meshes are checked once (a model's tasks share a few meshes)."""
+    meshes = {id(m): m for t in tasks for m in (t.src.mesh, t.dst.mesh)}
+    try:
+        topology.covers({r for m in meshes.values() for r in m.devices})
+    except ValueError:
+        for k, t in enumerate(tasks):
+            try:
+                topology.covers(set(t.src.mesh.devices) | set(t.dst.mesh.devices))
+            except ValueError as exc:
+                raise ValueError(f"tasks[{k}] ({t.describe()}): {exc}") from None
+
+
 def plan_many(
     tasks: Sequence[ReshardTask],
     topology: Topology | None = None,
@@ -174,12 +199,8 @@ def plan_many(
     elif not isinstance(topology, Topology):
         raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
     if topology is not None:
-        for k, t in enumerate(tasks):
-            try:
-                topology.covers(set(t.src.mesh.devices) | set(t.dst.mesh.devices))
-            except ValueError as exc:
-                raise ValueError(f"tasks[{k}] ({t.describe()}): {exc}") from None
-    key = (tuple(tasks), topology, strategy, balance)
+        _check_covered(tasks, topology)
+    key = _Key((tuple(tasks), topology, strategy, balance))
     if cache:
         hit = PLANS.get(key)
         if hit is not None:
