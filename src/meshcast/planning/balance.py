@@ -5,13 +5,15 @@ Both are pure functions of the task and the topology: randomness is seeded and e
 bounded by a count (:mod:`meshcast.planning.budgets`), never by the wall clock, so every rank
 computes the same plan. This module hands their public names on from one place; the pieces of
 ``"auto"`` are :mod:`.items` (senders and collectives), :mod:`.dispatch` (orders), :mod:`.large`
-(the vectorised plan of large tasks). See ``docs/scheduling.md``.
+(the vectorised plan of large tasks), :mod:`.floors` (what no fixed strategy can beat). See
+``docs/scheduling.md``.
 """
 
 from __future__ import annotations
 
 from .auto import auto_plan
 from .budgets import (
+    AUTO_GOOD_ENOUGH,
     AUTO_SEARCH_BUDGET,
     AUTO_SEARCH_GAP,
     AUTO_SEARCH_STEPS,
@@ -29,6 +31,7 @@ from .budgets import (
 from .order import order_plan
 
 __all__ = [
+    "AUTO_GOOD_ENOUGH",
     "AUTO_SEARCH_BUDGET",
     "AUTO_SEARCH_GAP",
     "AUTO_SEARCH_STEPS",

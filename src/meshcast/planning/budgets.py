@@ -39,12 +39,13 @@ suite (a third of :data:`ORDER_NODE_BUDGET`); not derived."""
 SEARCH_MAX_JOBS = 12
 """The search runs when an instance has at most this many network transfers: small enough
 that the bounded search explores a useful share of the orders. Set once; not derived."""
-AUTO_SIM_LIMIT = 20_000
+AUTO_SIM_LIMIT = 4_096
 """Above this many unit slices ``"auto"`` builds one vectorised plan instead of its candidates,
 and checks it against the fixed combinations only where it cannot certify it optimal; below it
 but above this many transfers, ``"auto"`` builds one variant of its own plan and no trials.
-Set once so that planning with every candidate simulated stays interactive on the planner
-suite; not derived."""
+The planner suite's tasks have at most 512 slices; at 16,384 slices (a 16x8 -> 16x8
+all-to-all) the candidates took 16 s and kept the vectorised plan anyway (docs/scheduling.md,
+"Planner speed"), so the limit came down from 20,000. Not derived."""
 FLOOR_TOL = 1e-9
 """Relative float margin under which a fixed plan's quick time floor is trusted to rule it out:
 the lower bound's own float margin (:data:`meshcast.estimate.lower_bound.FLOAT_MARGIN`)."""
