@@ -16,6 +16,7 @@ from meshcast.cli import main
 from meshcast.core.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
 from meshcast.core.task import iter_slices
 from meshcast.core.units import GBIT
+from meshcast.estimate.lower_bound import holders_bound
 from meshcast.planning.auto import auto_plan, local_search, one_remote_receiver
 from meshcast.planning.budgets import AUTO_SIM_LIMIT, CERTIFY_TOL, SEARCH_NODE_BUDGET
 from meshcast.planning.dispatch import dispatch, order_items
@@ -424,3 +425,22 @@ def test_phased_sends_on_shared_nics(rows, phased_wins):
     assert mc.simulate(mc.plan(task, topo)).time_s <= best
     # the large path (limit lowered so that it runs) keeps the faster one too
     assert mc.simulate(auto_plan(task, topo, None, sim_limit=2)).time_s == best
+
+
+def test_holders_bound_counts_whole_operations():
+    """7 slices of one replicated source tile, 5 one-rank holder hosts, each slice to the 4
+    ranks of its own destination host: some holder runs two operations. The per-tile term is
+    the least time in which 5 holders run at least 7 operations (two on every one of them),
+    not the 7 start-ups and transfers spread evenly over 5 holders."""
+    src = mc.Layout(mc.Mesh.from_range(0, (5, 1)), "R")
+    dst = mc.Layout(mc.Mesh.from_range(5, (7, 4)), "S0")
+    task = mc.ReshardTask((7 * 9000,), "bfloat16", src, dst)
+    topo = p3_topology(task)
+    lat, x = 30e-6, 9000 * 2 / (10 * GBIT)  # start-up; one slice's transfer at 10 Gbit/s
+    rank_s = mc.lower_bound_details(task, topo).rank_s
+    assert rank_s == pytest.approx(2 * lat + 7 * x / 5, rel=1e-12)
+    assert rank_s > (7 * lat + 7 * x) / 5  # the previous, even spread
+    assert mc.simulate(mc.plan(task, topo)).time_s >= mc.lower_bound(task, topo)
+    alone = holders_bound(np.array([7.0]), np.array([5.0]), np.array([7 * x]), np.array([x]), lat)
+    assert alone[0] == pytest.approx(rank_s, rel=1e-12)
+

@@ -15,10 +15,13 @@
   intra-host sender is a holder, and an AllGather member contributes a non-empty part it must
   have received before), so either that one operation brings it all (waiting for the bytes at
   one NIC's rate) or it takes part in two. On the sending side, the k holders of a source tile
-  (they hold no other tile) must run at least one operation per slice of it that must move, so
-  one of them runs ``ceil(n / k)``; and together they spend at least ``latency + bytes / B_out``
-  (one NIC's rate) on each such slice none of whose receivers sits on a holder host. These terms
-  matter for small tensors cut into many small slices.
+  (they hold no other tile) run at least one operation per slice of it that must move (n in all),
+  each paying ``latency`` and carrying at most one slice, at most at the fastest link (one NIC's
+  rate for a slice none of whose receivers sits on a holder host): the least time in which k
+  holders can do that, counting operations in whole numbers, is :func:`holders_bound` (e.g. 7
+  slices of 15 us from 5 holders with 30 us start-ups: two operations on every holder, 81 us,
+  where spreading the start-ups evenly gave 63 us). These terms matter for small tensors cut into
+  many small slices.
 * Per host (rank time): the ranks of host h are busy at most ``|ranks of h| * T`` together. A
   slice that k ranks of h lack costs them at least ``k*lat + tr + (k-1) * min(tr, lat)`` if no
   rank of h holds it (``tr`` = bytes over one inbound NIC of h; by the per-rank argument each
@@ -49,6 +52,7 @@ __all__ = [
     "FLOAT_MARGIN",
     "LowerBound",
     "bound_seconds",
+    "holders_bound",
     "inbound_seconds",
     "joint_lower_bound",
     "lower_bound",
@@ -233,10 +237,7 @@ def _rank_bound(
     overlap = held @ wanted.T  # src tile x dst tile: receivers that hold it already
     lacks = wanted.sum(axis=1)[t] - overlap[s, t] > 0  # per pair: some receiver lacks it
     n_tile = np.bincount(s[lacks], minlength=len(held)).astype(float)
-    b_tile = np.bincount(s[lacks], weights=nbytes[lacks], minlength=len(held))
     holders = np.maximum(held.sum(axis=1), 1.0)
-    n_send = np.ceil(n_tile / holders)
-    b_send = b_tile / holders
     fastest = max(
         topology.intra_gbps,
         *(g * k for g, k in zip(topology.nic_in_gbps, topology.nics_per_host)),
@@ -256,16 +257,57 @@ def _rank_bound(
             per_host = mat.sum(axis=0)[None, :] - held_by_host @ mat  # host x dst tile
             out[on] = (per_host[rank_host[on]] * wanted[:, on].T).sum(axis=1)
     per_rank = n_recv * lat + np.maximum(b_recv - off_bytes, 0.0) / fastest + off_cost
-    per_tile = n_send * lat + b_send / fastest
-    # senders, with NIC rates: a slice no receiver of which sits on a holder host crosses a NIC
-    # in every operation that carries it, at most at the fastest single outbound NIC's rate
+    # senders: a slice no receiver of which sits on a holder host crosses a NIC in every
+    # operation that carries it, at most at the fastest single outbound NIC's rate
     nic = max(topology.nic_out_gbps) * GBIT
     cross = (wanted_host.astype(float) @ held_host.T.astype(float))[t, s] == 0
-    busy = lat + nbytes / np.where(cross, nic, fastest)
-    per_tile_nic = np.bincount(s[lacks], weights=busy[lacks], minlength=len(held)) / holders
-    return float(
-        max(per_rank.max(initial=0.0), per_tile.max(initial=0.0), per_tile_nic.max(initial=0.0))
-    )
+    move = np.where(lacks, nbytes / np.where(cross, nic, fastest), 0.0)  # transfer seconds
+    x_tile = np.bincount(s, weights=move, minlength=len(held))
+    x_max = np.zeros(len(held))
+    np.maximum.at(x_max, s, move)
+    per_tile = holders_bound(n_tile, holders, x_tile, x_max, lat)
+    return float(max(per_rank.max(initial=0.0), per_tile.max(initial=0.0)))
+
+
+def holders_bound(n: np.ndarray, k: np.ndarray, work: np.ndarray, most: np.ndarray,
+                  lat: float) -> np.ndarray:
+    """Per source tile: the least time in which its ``k`` holders (they hold no other tile) can
+    run the operations that carry its ``n`` slices some receiver lacks, ``work`` seconds of
+    transfer in all, at most ``most`` seconds of it in one operation (an operation carries data
+    of one unit slice at most).
+
+    A holder that runs ``m`` operations is busy at least ``m * lat`` plus the transfer it
+    carries, and carries at most ``m * most``; the holders run ``n`` operations at least. So in
+    time ``T`` a holder carries at most ``c(m) = min(m * most, T - m * lat)``, and ``T`` is
+    feasible only if some split of at least ``n`` operations lets the holders carry ``work``:
+    ``c`` is concave in ``m``, so the best split gives every holder its best ``m`` when that
+    makes ``n`` operations, else ``n`` operations spread evenly. The least feasible ``T`` is
+    found by bisection (the lower end is returned, so the bound never rises above it)."""
+    out = np.zeros(len(n))
+    go = n > 0
+    if not go.any():
+        return out
+    n, k, work, most = n[go], k[go], work[go], most[go]
+    lo = (n * lat + work) / k  # every operation's latency and every second spread evenly
+    hi = np.ceil(n / k) * (lat + most)
+    q = np.floor(n / k)
+    extra = n - q * k  # holders that run q + 1 operations when n are spread evenly
+
+    def carry(m: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return np.clip(np.minimum(m * most, t - m * lat), 0.0, None)
+
+    for _ in range(64):
+        t = (lo + hi) / 2
+        m = np.floor(t / (lat + most))
+        best = np.maximum(carry(m, t), carry(m + 1, t))
+        m_best = np.where(carry(m + 1, t) >= carry(m, t), m + 1, m)
+        even = extra * carry(q + 1, t) + (k - extra) * carry(q, t)
+        cap = np.where(k * m_best >= n, k * best, even)
+        ok = cap >= work * (1 - 1e-12)
+        hi = np.where(ok, t, hi)
+        lo = np.where(ok, lo, t)
+    out[go] = lo
+    return out
 
 
 def _host_bound(
@@ -321,7 +363,9 @@ def _host_bound(
 def _outbound_lp(
     groups: list[tuple[int, ...]], group_bytes: np.ndarray, b_out: np.ndarray
 ) -> tuple[float, tuple[tuple[float, ...], ...]]:
-    """min T s.t. each group's bytes are split among its hosts, each host's share <= T*B_out."""
+    """min T s.t. each group's bytes are split among its hosts, each host's share <= T*B_out.
+    Solved exactly when no host is in two groups (each group split in proportion to its hosts'
+    bandwidths), else with scipy's HiGHS."""
     if not groups:
         return 0.0, ()
     if all(len(g) == 1 for g in groups):
@@ -329,6 +373,11 @@ def _outbound_lp(
         for g, b in zip(groups, group_bytes):
             load[g[0]] += b
         return float((load / b_out).max()), tuple((1.0,) for _ in groups)
+    if sum(len(g) for g in groups) == len({h for g in groups for h in g}):
+        # no host in two groups: each group alone, its hosts busy equally long (the LP optimum)
+        rates = [[float(b_out[h]) for h in g] for g in groups]
+        return (max(float(b) / sum(r) for b, r in zip(group_bytes, rates)),
+                tuple(tuple(x / sum(r) for x in r) for r in rates))
     from scipy.optimize import linprog
 
     # variables: y[g, k] (time units of host groups[g][k]'s outbound time spent on group g),
