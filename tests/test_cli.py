@@ -267,6 +267,20 @@ def test_bench_planner_reports_progress():
     assert "suite: 2 random tasks" in done.stdout
 
 
+def test_bench_plan_speed_rows_and_suite_line(capsys):
+    """Every row of the table is there with its unit slices, and the suite's small tasks are
+    counted (a benchmark: the times themselves are not asserted)."""
+    from meshcast.cli.bench_plan_speed import large_rows, small_rows
+
+    assert main(["bench", "plan-speed", "--suite", "3", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    for name, task, _ in small_rows():
+        row = next(line for line in out.splitlines() if name in line)
+        assert f"{len(task.decomposition):,}" in row
+    assert "tasks of at most 64 unit slices" in out and "load average" in out
+    assert [len(t.decomposition) for _, t, _ in large_rows()] == [16384] + [262144] * 3
+
+
 def test_demo_plan_only(capsys):
     assert main(["demo", "--plan-only"]) == 0
     out = capsys.readouterr().out
