@@ -37,6 +37,7 @@ The bound holds for every plan the simulator can run; ``efficiency = lower_bound
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -279,35 +280,45 @@ def holders_bound(n: np.ndarray, k: np.ndarray, work: np.ndarray, most: np.ndarr
     A holder that runs ``m`` operations is busy at least ``m * lat`` plus the transfer it
     carries, and carries at most ``m * most``; the holders run ``n`` operations at least. So in
     time ``T`` a holder carries at most ``c(m) = min(m * most, T - m * lat)``, and ``T`` is
-    feasible only if some split of at least ``n`` operations lets the holders carry ``work``:
-    ``c`` is concave in ``m``, so the best split gives every holder its best ``m`` when that
-    makes ``n`` operations, else ``n`` operations spread evenly. The least feasible ``T`` is
-    found by bisection (the lower end is returned, so the bound never rises above it)."""
+    feasible only if some split of at least ``n`` operations lets the holders carry ``work``.
+    ``c`` is concave in ``m``, so for N operations in all the best split is the even one, and
+    more than ``n + k - 1`` operations only add start-ups (then every holder can carry its
+    share of ``work`` already); for each N the least ``T`` is the root of a piecewise-linear
+    function, found exactly."""
     out = np.zeros(len(n))
-    go = n > 0
-    if not go.any():
-        return out
-    n, k, work, most = n[go], k[go], work[go], most[go]
-    lo = (n * lat + work) / k  # every operation's latency and every second spread evenly
-    hi = np.ceil(n / k) * (lat + most)
-    q = np.floor(n / k)
-    extra = n - q * k  # holders that run q + 1 operations when n are spread evenly
-
-    def carry(m: np.ndarray, t: np.ndarray) -> np.ndarray:
-        return np.clip(np.minimum(m * most, t - m * lat), 0.0, None)
-
-    for _ in range(64):
-        t = (lo + hi) / 2
-        m = np.floor(t / (lat + most))
-        best = np.maximum(carry(m, t), carry(m + 1, t))
-        m_best = np.where(carry(m + 1, t) >= carry(m, t), m + 1, m)
-        even = extra * carry(q + 1, t) + (k - extra) * carry(q, t)
-        cap = np.where(k * m_best >= n, k * best, even)
-        ok = cap >= work * (1 - 1e-12)
-        hi = np.where(ok, t, hi)
-        lo = np.where(ok, lo, t)
-    out[go] = lo
+    for i in np.flatnonzero(n > 0).tolist():
+        ni, ki = int(n[i]), int(k[i])
+        out[i] = min(_least_time(ni + extra, ki, float(work[i]), float(most[i]), lat)
+                     for extra in range(ki))
     return out
+
+
+def _least_time(ops: int, k: int, work: float, most: float, lat: float) -> float:
+    """The least ``T`` with ``sum over holders of min(m * most, T - m * lat)^+ >= work`` when
+    ``ops`` operations are spread evenly over ``k`` holders, and at least the start-ups of the
+    busiest holder (infinite if they cannot carry ``work``)."""
+    q, extra = divmod(ops, k)
+    groups = [(c, m) for c, m in ((extra, q + 1), (k - extra, q)) if c and m]
+    if sum(c * m for c, m in groups) * most < work * (1 - 1e-12):
+        return math.inf
+    return max(max(m for _, m in groups) * lat, _root(groups, work, most, lat))
+
+
+def _root(groups: list[tuple[int, int]], work: float, most: float, lat: float) -> float:
+    """The least ``T`` at which ``c`` holders of ``m`` operations each (``groups``) carry
+    ``work``: the root of a nondecreasing piecewise-linear function."""
+
+    def carried(t: float) -> float:
+        return sum(c * max(min(m * most, t - m * lat), 0.0) for c, m in groups)
+
+    bends = sorted({m * lat for _, m in groups} | {m * (lat + most) for _, m in groups})
+    prev = bends[0]
+    for bend in bends:
+        if carried(bend) >= work:
+            rising = sum(c for c, m in groups if m * lat <= prev < m * (lat + most))
+            return prev + (work - carried(prev)) / rising if rising else bend
+        prev = bend
+    return bends[-1]
 
 
 def _host_bound(

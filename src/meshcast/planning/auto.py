@@ -138,21 +138,24 @@ class _FixedStage:
     :meth:`settled` says whether no fixed plan can be faster than the best so far."""
 
     def __init__(self, task: ReshardTask, topology: Topology, lbd: LowerBound,
-                 strategy: str | None, pool: _Pool) -> None:
+                 strategy: str | None, pool: _Pool, *, use_floors: bool = True) -> None:
         self.task, self.topology, self.lbd, self.pool = task, topology, lbd, pool
         self.strategies = STRATEGIES if strategy is None else (strategy,)
-        self._floors: dict[str, float] | None = None
+        self._floors: dict[str, float] | None = None if use_floors else {}
         self.built = False
 
     def floors(self) -> dict[str, float]:
-        """The strategies' floors (computed once)."""
+        """The strategies' floors (computed once; none with ``use_floors=False``, for tasks too
+        large for their per-slice walk)."""
         if self._floors is None:
             self._floors = strategy_floors(self.task, self.topology, self.lbd)
         return self._floors
 
     def settled(self) -> bool:
         """Whether the fixed plans are in the pool, or none could beat its best."""
-        return self.built or all(self.pool.beats(self.floors()[s]) for s in self.strategies)
+        floors = self.floors()
+        return self.built or all(s in floors and self.pool.beats(floors[s])
+                                 for s in self.strategies)
 
     def __call__(self) -> list[Candidate]:
         out: list[Candidate] = []
@@ -160,7 +163,7 @@ class _FixedStage:
         if len(strategies) > 1 and one_remote_receiver(self.task):
             strategies = strategies[:1]
         for k, s in enumerate(strategies):
-            if self.pool.times and self.pool.beats(self.floors()[s]):
+            if self.pool.times and s in self.floors() and self.pool.beats(self.floors()[s]):
                 continue  # no fixed plan of s can be faster than the best so far
             for j, b in enumerate(FIXED_BALANCES):
                 p = _fixed(self.task, self.topology, s, b)
@@ -179,17 +182,19 @@ class _Pool:
         self.task, self.topology = task, topology
         self.candidates: list[Candidate] = []
         self.times: list[float] = []
-        self._seen: dict[tuple, float] = {}
-        self._op_keys: dict[int, tuple] = {}
+        self._seen: dict[tuple, list[tuple[tuple[Op, ...], float]]] = {}
 
-    def add(self, candidates: list[Candidate]) -> None:
-        """Simulate and keep ``candidates``."""
+    def add(self, candidates: list[Candidate], time_s: float | None = None) -> None:
+        """Simulate and keep ``candidates`` (``time_s``: the known simulated time of the one
+        candidate given)."""
         for c in candidates:
-            key = _ops_key(c[3], self._op_keys)
-            t = self._seen.get(key)
+            ops = c[3]
+            same = self._seen.setdefault(_fingerprint(ops), [])
+            t = next((t for other, t in same if other == ops), time_s)
             if t is None:
-                plan = Plan(self.task, c[3], c[1], "auto", self.topology, c[4])
-                t = self._seen[key] = simulate(plan, self.topology).time_s
+                plan = Plan(self.task, ops, c[1], "auto", self.topology, c[4])
+                t = simulate(plan, self.topology).time_s
+            same.append((ops, t))
             self.candidates.append(c)
             self.times.append(t)
 
@@ -284,53 +289,28 @@ def _op_key(op: Op) -> tuple:
     return op.kind, op.ranks(), tuple((b.start, b.stop) for b in op.box)
 
 
-def _ops_key(ops: tuple[Op, ...], memo: dict[int, tuple] | None = None) -> tuple:
-    """A hashable form of an op list; ``memo`` keeps each operation object's key by ``id``
-    (the candidates of one pool reorder the same objects; they stay alive with the pool)."""
-    if memo is None:
-        return tuple(map(_op_key, ops))
-    out = []
-    for op in ops:
-        k = memo.get(id(op))
-        if k is None:
-            k = memo[id(op)] = _op_key(op)
-        out.append(k)
-    return tuple(out)
+def _fingerprint(ops: tuple[Op, ...]) -> tuple:
+    """A cheap hashable digest of an op list (its length and end operations): equal lists have
+    equal fingerprints; lists with equal fingerprints are compared whole."""
+    return (len(ops), _op_key(ops[0]), _op_key(ops[-1])) if ops else (0,)
 
 
 def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Plan:
     """Above :data:`AUTO_SIM_LIMIT` slices: the vectorised plan (or its phased order, if that
     simulates faster), kept if it meets the lower bound; otherwise the fastest of it and the
-    fixed combinations (ties: the vectorised plan).
-
-    A fixed plan is simulated only when its :func:`meshcast.time_floor` is below the
-    best time so far and its operations differ from every plan simulated before; when every
-    slice has at most one receiver to reach, the three strategies build the same operations
-    (one ``Send`` per transfer, the same senders, the same order), so one strategy stands for all.
-    """
+    fixed combinations (ties: the vectorised plan), built as the fixed stage of the smaller
+    tasks builds them (a fixed plan simulated only when its :func:`meshcast.time_floor` is below
+    the best so far; one strategy for all when every slice has one receiver to reach), without
+    the strategy floors (a walk over every slice)."""
     large, exact, phased = large_plan(task, topology)
-    best, best_t = large, exact if exact is not None else simulate(large, topology).time_s
+    pool = _Pool(task, topology)
+    pool.add([((2, 0), "broadcast", "own", large.ops, ())], exact)
     if phased is not None:
-        t = simulate(phased, topology).time_s
-        if t < best_t:
-            best, best_t = phased, t
-    if best_t <= lower_bound_details(task, topology).unmargined_s * (1 + CERTIFY_TOL):
-        return best  # within CERTIFY_TOL of the bound: no plan is faster
-    seen = {_ops_key(p.ops) for p in (large, phased) if p is not None}
-    strategies = STRATEGIES if strategy is None else (strategy,)
-    if len(strategies) > 1 and one_remote_receiver(task):
-        strategies = strategies[:1]
-    for s in strategies:
-        for b in FIXED_BALANCES:
-            p = _fixed(task, topology, s, b)
-            key = _ops_key(p.ops)
-            if key in seen or time_floor(p, topology) * (1 - FLOOR_TOL) >= best_t:
-                continue
-            seen.add(key)
-            t = simulate(p, topology).time_s
-            if t < best_t:
-                best, best_t = Plan(task, p.ops, s, "auto", topology, p.fallbacks), t
-    return best
+        pool.add([((2, 1), "broadcast", "own", phased.ops, ())])
+    lbd = lower_bound_details(task, topology)
+    if pool.best_time() > lbd.unmargined_s * (1 + CERTIFY_TOL):  # else no plan is faster
+        pool.add(_FixedStage(task, topology, lbd, strategy, pool, use_floors=False)())
+    return pool.plan(pool.best())
 
 
 def one_remote_receiver(task: ReshardTask) -> bool:
