@@ -4,18 +4,21 @@ Operations wait for their ranks' previous operation, pay their latency, then sha
 max-min fairly until their bytes are moved. An event only revisits the transfers that share a NIC
 with the one that changed (local water-filling).
 
-The heap holds ``(time, sequence, code)``: ``code = ~i`` ends the latency of operation ``i``,
-``code = i`` ends ``i`` (stale unless ``sequence`` is the latest pushed for ``i``: its rate
-changed since). Equal times go in push order. Every float is computed in one fixed order, so the
-same model always gives the same times, to the bit.
+Events are ``(time, sequence, code)``: ``code = ~i`` ends the latency of operation ``i``,
+``code = i`` ends ``i`` (stale unless ``sequence`` is the latest given to ``i``: its rate changed
+since). They run in (time, sequence) order: equal times in the order they were made. New events
+wait in ``pending`` (by code: an end event made again at the same instant replaces the stale one,
+which never reaches the heap) until the heap holds nothing more at the current time; every event
+pending is later than every event on the heap, so the order is the same. Every float is computed
+in one fixed order, so the same model always gives the same times, to the bit.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
-from heapq import heappop, heappush
+from collections.abc import Iterable, Sequence
+from heapq import heapify, heappop, heappush
 
 __all__ = ["run_events"]
 
@@ -89,72 +92,246 @@ class _Loop:
         self.cur = [0] * n  # sequence number of each op's valid end event
         self.flows: list[dict[int, None]] = [{} for _ in caps]
         self.heap: list[tuple[float, int, int]] = []
+        self.pending: dict[int, tuple[float, int, int]] = {}
         self.count = itertools.count(1)
+        # every transfer on the NICs loads two of them, has no cap of its own (Sends), and the
+        # NICs have finite capacities: the fast paths _fill_sends and _refill_sends hold
+        sends = all(len(rs) == 2 and c == math.inf for rs, c in zip(res, cap) if rs)
+        self.fill = self._fill_sends if sends and max(caps, default=0.0) < math.inf else \
+            self._refill
 
     def run(self) -> None:
-        """Run every operation."""
-        launch, join, finish = self._launch, self._join, self._finish
-        npred, heap, cur = self.npred, self.heap, self.cur
+        """Run every operation: pop events in (time, sequence) order."""
+        npred, succs, heap, cur, nbytes, res = (
+            self.npred, self.succs, self.heap, self.cur, self.nbytes, self.res)
+        begin, end, remaining, stamp, rate, flows = (
+            self.begin, self.end, self.remaining, self.stamp, self.rate, self.flows)
+        launch, fill = self._launch, self.fill
         for i in range(len(npred)):
             if not npred[i]:
                 launch(i, 0.0)
-        while heap:
+        pending, t = self.pending, 0.0
+        while True:
+            if pending and (not heap or heap[0][0] > t):
+                if heap:
+                    for e in pending.values():
+                        heappush(heap, e)
+                else:
+                    heap += pending.values()
+                    heapify(heap)
+                pending.clear()
+            if not heap:
+                break
             t, seq, i = heappop(heap)
-            if i < 0:
-                join(~i, t)
-            elif cur[i] == seq:
-                finish(i, t)
+            touched: dict[int, None] = {}
+            if i >= 0:
+                if cur[i] != seq:
+                    continue  # stale: its rate changed since
+                end[i] = t
+                if res[i] and nbytes[i]:
+                    for r in res[i]:
+                        fl = flows[r]
+                        del fl[i]
+                        touched.update(fl)
+                    rate[i] = 0.0
+                    if touched:
+                        fill(touched, res[i], t)
+                for s in succs[i]:
+                    npred[s] -= 1
+                    if not npred[s]:
+                        launch(s, t)
+                continue
+            i = ~i  # the latency of i is over: its transfer joins its NICs
+            begin[i] = stamp[i] = t
+            nb = nbytes[i]
+            remaining[i] = float(nb)
+            rate[i] = 0.0
+            if not nb:
+                s = cur[i] = next(self.count)
+                pending[i] = (t, s, i)
+                continue
+            for r in res[i]:
+                fl = flows[r]
+                fl[i] = None
+                touched.update(fl)
+            fill(touched, res[i], t)
 
     def _launch(self, i: int, t: float) -> None:
         self.start[i] = t
         lt = self.lat[i]
         if self.res[i]:
-            heappush(self.heap, (t + lt, next(self.count), ~i))
+            self.pending[~i] = (t + lt, next(self.count), ~i)
             return
         b = self.begin[i] = t + lt
         nb = self.nbytes[i]
         s = self.cur[i] = next(self.count)
-        heappush(self.heap, (b + (nb / self.cap[i] if nb else 0.0), s, i))
+        self.pending[i] = (b + (nb / self.cap[i] if nb else 0.0), s, i)
 
-    def _join(self, i: int, t: float) -> None:
-        """The latency of ``i`` is over: its transfer joins its NICs."""
-        self.begin[i] = t
-        nb = self.nbytes[i]
-        self.remaining[i] = float(nb)
-        self.stamp[i] = t
-        self.rate[i] = 0.0
-        if not nb:
-            s = self.cur[i] = next(self.count)
-            heappush(self.heap, (t, s, i))
+    def _refill(self, touched: dict[int, None], nics: tuple[int, ...], t: float) -> None:
+        """Max-min fair rates for the touched transfers (those sharing ``nics``, which one
+        transfer joined or left); the others keep theirs (local water-filling: feasible, and exact
+        when the touched set is a whole component).
+
+        Resources are filled in order of their fair share (the first of equal shares first);
+        a transfer whose own cap is below every share is fixed at its cap first."""
+        if len(touched) == 1:
+            self._refill_one(touched, t)
             return
-        flows = self.flows
-        touched: dict[int, None] = {}
-        for r in self.res[i]:
-            fl = flows[r]
-            fl[i] = None
-            touched.update(fl)
-        self._refill(touched, t)
+        res_of, cap_of, caps, flows, rate = self.res, self.cap, self.caps, self.flows, self.rate
+        resid: dict[int, float] = {}
+        for r in nics:
+            resid[r] = caps[r]  # every transfer on them is touched
+        cnt: dict[int, int] = {}  # transfers to fix on each resource, by first appearance
+        mincap = math.inf
+        for f in touched:
+            if cap_of[f] < mincap:
+                mincap = cap_of[f]
+            for r in res_of[f]:
+                if r in cnt:
+                    cnt[r] += 1
+                    continue
+                cnt[r] = 1
+                if r not in resid:
+                    resid[r] = self._spare(r, touched)
+        todo, set_rate = touched, self._set_rate  # todo: the caller's dict, emptied here
+        while todo:
+            share, where = math.inf, -1
+            for r, c in cnt.items():
+                v = resid[r] / c
+                if v < share:
+                    share, where = v, r
+            batch: Iterable[int] = flows[where] if where >= 0 else ()  # unchanged here
+            if mincap <= share:
+                own = min(todo, key=cap_of.__getitem__)
+                if cap_of[own] <= share:
+                    batch, share = (own,), cap_of[own]
+            if share <= 0.0:
+                share = _TINY
+            for f in batch:
+                if f not in todo:
+                    continue
+                del todo[f]
+                if share != rate[f]:
+                    set_rate(f, share, t)
+                if todo:  # else nothing reads them again
+                    for r in res_of[f]:
+                        c = cnt[r] - 1
+                        if c:
+                            cnt[r] = c
+                            resid[r] -= share
+                        else:
+                            del cnt[r]
 
-    def _finish(self, i: int, t: float) -> None:
-        self.end[i] = t
-        if self.res[i] and self.nbytes[i]:
-            flows = self.flows
-            touched: dict[int, None] = {}
-            for r in self.res[i]:
-                fl = flows[r]
-                del fl[i]
-                touched.update(fl)
-            self.rate[i] = 0.0
-            if touched:
-                self._refill(touched, t)
-        npred = self.npred
-        for s in self.succs[i]:
-            npred[s] -= 1
-            if not npred[s]:
-                self._launch(s, t)
+    def _refill_one(self, touched: dict[int, None], t: float) -> None:
+        """:meth:`_refill` of one transfer: the least of its cap and its NICs' spare capacity."""
+        f = next(iter(touched))
+        share = math.inf
+        for r in self.res[f]:
+            v = self._spare(r, touched)
+            if v < share:
+                share = v
+        if self.cap[f] <= share:
+            share = self.cap[f]
+        if share <= 0.0:
+            share = _TINY
+        if share != self.rate[f]:
+            self._set_rate(f, share, t)
+
+    def _fill_sends(self, touched: dict[int, None], nics: tuple[int, int], t: float) -> None:
+        """:meth:`_refill` of Sends. Where the ``k`` touched transfers all load both ``nics``
+        (and nothing else) each gets the smaller NIC's ``1/k``; else :meth:`_refill_sends`."""
+        a, b = nics
+        k = len(touched)
+        flows = self.flows
+        if len(flows[a]) != k or len(flows[b]) != k:
+            self._refill_sends(touched, nics, t)
+            return
+        caps = self.caps
+        a, b = self.res[next(iter(touched))]  # the order _refill scans them in
+        share = caps[a] / k
+        v = caps[b] / k
+        if v < share:
+            share = v
+        if share <= 0.0:
+            share = _TINY
+        rate, remaining, stamp, cur, pending, count = (
+            self.rate, self.remaining, self.stamp, self.cur, self.pending, self.count)
+        for f in touched:
+            old = rate[f]
+            if share != old:  # inlined _set_rate
+                rem = remaining[f] - old * (t - stamp[f])
+                if rem < 0.0:
+                    rem = 0.0
+                remaining[f] = rem
+                stamp[f] = t
+                rate[f] = share
+                s = cur[f] = next(count)
+                pending[f] = (t + rem / share, s, f)
+
+    def _refill_sends(self, touched: dict[int, None], nics: tuple[int, int], t: float) -> None:
+        """:meth:`_refill` of Sends: two resources per transfer, no own cap, finite shares."""
+        if len(touched) == 1:
+            self._refill_one(touched, t)
+            return
+        res_of, caps, flows, rate = self.res, self.caps, self.flows, self.rate
+        remaining, stamp, cur, pending, count = (
+            self.remaining, self.stamp, self.cur, self.pending, self.count)
+        a, b = nics
+        resid = {a: caps[a], b: caps[b]}  # every transfer on them is touched
+        cnt: dict[int, int] = {}
+        for f in touched:
+            for r in res_of[f]:
+                if r in cnt:
+                    cnt[r] += 1
+                    continue
+                cnt[r] = 1
+                if r not in resid:
+                    resid[r] = self._spare(r, touched)
+        todo = touched
+        while todo:
+            share, where = math.inf, -1
+            for r, c in cnt.items():
+                v = resid[r] / c
+                if v < share:
+                    share, where = v, r
+            if share <= 0.0:
+                share = _TINY
+            final = cnt.pop(where) == len(todo)  # nothing left to fix after this batch
+            for f in flows[where]:
+                if f not in todo:
+                    continue
+                del todo[f]
+                old = rate[f]
+                if share != old:  # inlined _set_rate
+                    rem = remaining[f] - old * (t - stamp[f])
+                    if rem < 0.0:
+                        rem = 0.0
+                    remaining[f] = rem
+                    stamp[f] = t
+                    rate[f] = share
+                    s = cur[f] = next(count)
+                    pending[f] = (t + rem / share, s, f)
+                if not final:
+                    a, b = res_of[f]
+                    o = b if a == where else a
+                    c = cnt[o] - 1
+                    if c:
+                        cnt[o] = c
+                        resid[o] -= share
+                    else:
+                        del cnt[o]
+
+    def _spare(self, r: int, touched: dict[int, None]) -> float:
+        """Capacity of resource ``r`` that the transfers not touched leave."""
+        rate = self.rate
+        used = 0  # as sum() adds: from int 0, in order
+        for g in self.flows[r]:
+            if g not in touched:
+                used += rate[g]
+        return self.caps[r] - used
 
     def _set_rate(self, f: int, new: float, t: float) -> None:
-        """``f`` moves at ``new`` from ``t`` on: its end event is pushed anew."""
+        """``f`` moves at ``new`` from ``t`` on: its end event is made anew."""
         old = self.rate[f]
         rem = self.remaining[f] - old * (t - self.stamp[f])
         if rem < 0.0:
@@ -163,68 +340,4 @@ class _Loop:
         self.stamp[f] = t
         self.rate[f] = new
         s = self.cur[f] = next(self.count)
-        heappush(self.heap, (t + rem / new, s, f))
-
-    def _refill(self, touched: dict[int, None], t: float) -> None:
-        """Max-min fair rates for the touched transfers; the others keep theirs (local
-        water-filling: feasible, and exact when the touched set is a whole component).
-
-        Resources are filled in order of their fair share (the first of equal shares first);
-        a transfer whose own cap is below every share is fixed at its cap first."""
-        if len(touched) == 1:
-            self._refill_one(next(iter(touched)), t)
-            return
-        res_of, cap_of, caps, flows, rate = self.res, self.cap, self.caps, self.flows, self.rate
-        resid: dict[int, float] = {}
-        cnt: dict[int, int] = {}
-        mincap = math.inf
-        for f in touched:
-            if cap_of[f] < mincap:
-                mincap = cap_of[f]
-            for r in res_of[f]:
-                if r in cnt:
-                    cnt[r] += 1
-                else:
-                    resid[r] = caps[r] - sum([rate[g] for g in flows[r] if g not in touched])
-                    cnt[r] = 1
-        todo = touched  # the caller's dict, emptied as transfers are fixed
-        while todo:
-            share, where = math.inf, -1
-            for r, c in cnt.items():
-                v = resid[r] / c
-                if v < share:
-                    share, where = v, r
-            own = min(todo, key=cap_of.__getitem__) if mincap <= share else -1
-            if own >= 0 and cap_of[own] <= share:
-                fixed, share = [own], cap_of[own]
-            else:
-                fixed = [f for f in flows[where] if f in todo]
-            if share <= 0.0:
-                share = _TINY
-            for f in fixed:
-                del todo[f]
-                if share != rate[f]:
-                    self._set_rate(f, share, t)
-                for r in res_of[f]:
-                    c = cnt[r] - 1
-                    if c:
-                        cnt[r] = c
-                        resid[r] -= share
-                    else:
-                        del cnt[r]
-
-    def _refill_one(self, f: int, t: float) -> None:
-        """:meth:`_refill` of one transfer: the least of its cap and its NICs' spare capacity."""
-        caps, flows, rate = self.caps, self.flows, self.rate
-        share = math.inf
-        for r in self.res[f]:
-            fl = flows[r]
-            v = caps[r] - sum([rate[g] for g in fl if g != f]) if len(fl) > 1 else caps[r]
-            if v < share:
-                share = v
-        if self.cap[f] <= share:
-            share = self.cap[f]
-        if share <= 0.0:
-            share = _TINY
-        if share != rate[f]:
-            self._set_rate(f, share, t)
+        self.pending[f] = (t + rem / new, s, f)
