@@ -24,6 +24,7 @@ transfers that share a NIC with the one that changed, so 100,000 operations take
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -261,17 +262,23 @@ def time_floor(plan: Plan, topology: Topology) -> float:
     caps = nics.caps
     load = [0.0] * len(caps)
     free: dict[int, float] = {}
+    get, zeros = free.get, itertools.repeat(0.0)
     first_lat = math.inf
     end = 0.0
     for ranks, nbytes, res, cap, lat in zip(*_op_model(plan, nics)):
-        slowest = min(cap, *(caps[r] for r in res)) if res else cap
-        t = max(free.get(r, 0.0) for r in ranks) + lat + (nbytes / slowest if nbytes else 0.0)
+        slowest = cap
+        for r in res:
+            if caps[r] < slowest:
+                slowest = caps[r]
+        t = max(map(get, ranks, zeros)) + lat + (nbytes / slowest if nbytes else 0.0)
         for r in ranks:
             free[r] = t
-        end = max(end, t)
-        for r in res:
-            load[r] += nbytes
+        if t > end:
+            end = t
         if res:
-            first_lat = min(first_lat, lat)
+            for r in res:
+                load[r] += nbytes
+            if lat < first_lat:
+                first_lat = lat
     nic = max((b / c for b, c in zip(load, caps) if b), default=0.0)
     return max(end, first_lat + nic if nic else 0.0)
