@@ -123,12 +123,12 @@ class _Loop:
             if not heap:
                 break
             t, seq, i = heappop(heap)
-            touched: dict[int, None] = {}
             if i >= 0:
                 if cur[i] != seq:
                     continue  # stale: its rate changed since
                 end[i] = t
                 if res[i] and nbytes[i]:
+                    touched: dict[int, None] = {}
                     for r in res[i]:
                         fl = flows[r]
                         del fl[i]
@@ -150,6 +150,7 @@ class _Loop:
                 s = cur[i] = next(self.count)
                 pending[i] = (t, s, i)
                 continue
+            touched = {}
             for r in res[i]:
                 fl = flows[r]
                 fl[i] = None
@@ -276,17 +277,21 @@ class _Loop:
         res_of, caps, flows, rate = self.res, self.caps, self.flows, self.rate
         remaining, stamp, cur, pending, count = (
             self.remaining, self.stamp, self.cur, self.pending, self.count)
+        cnt: dict[int, int] = {}  # transfers to fix on each resource, by first appearance
+        get = cnt.get
+        for f in touched:
+            a, b = res_of[f]
+            cnt[a] = get(a, 0) + 1
+            cnt[b] = get(b, 0) + 1
         a, b = nics
         resid = {a: caps[a], b: caps[b]}  # every transfer on them is touched
-        cnt: dict[int, int] = {}
-        for f in touched:
-            for r in res_of[f]:
-                if r in cnt:
-                    cnt[r] += 1
-                    continue
-                cnt[r] = 1
-                if r not in resid:
-                    resid[r] = self._spare(r, touched)
+        for r in cnt:
+            if r not in resid:
+                used = 0  # as sum() adds: from int 0, in order (_spare, inlined)
+                for g in flows[r]:
+                    if g not in touched:
+                        used += rate[g]
+                resid[r] = caps[r] - used
         todo = touched
         while todo:
             share, where = math.inf, -1
