@@ -54,6 +54,7 @@ class _Nics:
             j = g - self.host_of_nic.index(h)
             self.names += [f"h{h}.nic{j} out", f"h{h}.nic{j} in"]
             self.caps += [topology.nic_out_gbps[h] * GBIT, topology.nic_in_gbps[h] * GBIT]
+        self.host_of_resource = [h for h in self.host_of_nic for _ in "oi"]
         self.host_of = topology.hosts_by_rank
         self.lat = topology.latency_us * 1e-6
         self.intra = topology.intra_gbps * GBIT
@@ -216,17 +217,16 @@ def simulate_many(plans: Sequence[Plan], topology: Topology | None = None) -> Si
 def _report(model: _Model, kinds: list[str], topology: Topology, nics: _Nics) -> SimReport:
     """Run the event loop on ``model`` and report."""
     start, begin, end = run_events(*model, nics.caps)
-    n_hosts = topology.num_hosts
-    host_out = [0] * n_hosts  # Python ints: exact however many bytes cross
-    host_in = [0] * n_hosts
-    host_of_nic = nics.host_of_nic
+    load = [0] * len(nics.caps)  # bytes per NIC resource; Python ints: exact however many
     for nbytes, res in zip(model.nbytes, model.res):
         for r in res:
-            h = host_of_nic[r >> 1]
-            if r & 1:
-                host_in[h] += nbytes
-            else:
-                host_out[h] += nbytes
+            load[r] += nbytes
+    n_hosts = topology.num_hosts
+    host_out = [0] * n_hosts
+    host_in = [0] * n_hosts
+    for r, h in enumerate(nics.host_of_resource):
+        if load[r]:
+            (host_in if r & 1 else host_out)[h] += load[r]
     end_s = np.array(end)
     return SimReport(
         time_s=float(end_s.max()) if end else 0.0,
