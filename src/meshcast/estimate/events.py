@@ -8,9 +8,10 @@ Events are ``(time, sequence, code)``: ``code = ~i`` ends the latency of operati
 ``code = i`` ends ``i`` (stale unless ``sequence`` is the latest given to ``i``: its rate changed
 since). They run in (time, sequence) order: equal times in the order they were made. New events
 wait in ``pending`` (by code: an end event made again at the same instant replaces the stale one,
-which never reaches the heap) until the heap holds nothing more at the current time; every event
-pending is later than every event on the heap, so the order is the same. Every float is computed
-in one fixed order, so the same model always gives the same times, to the bit.
+which never reaches the heap) until the heap holds no more events at the current time: none
+pending is earlier, and those of the current time were made after every event on the heap, so the
+order is the same as with every event pushed at once. Every float is computed in one fixed order,
+so the same model always gives the same times, to the bit.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from heapq import heapify, heappop, heappush
 __all__ = ["run_events"]
 
 _TINY = 1e-300
-"""The rate of a transfer left no capacity (it never finishes; it keeps the loop well-defined)."""
+"""The rate of a transfer left no capacity (it all but stops until a later event refills it)."""
 
 
 def run_events(

@@ -18,8 +18,10 @@ The model (see ``docs/scheduling.md``):
   ``AllGather``, a ``Send`` between ranks of one host, a ``Copy``) are capped at ``intra_gbps``
   and not shared.
 
-The loop is event driven: an event (start, end of latency, end of transfer) only revisits the
-transfers that share a NIC with the one that changed, so 100,000 operations take seconds.
+The loop (:mod:`meshcast.estimate.events`) is event driven: an event (start, end of latency, end
+of transfer) only revisits the transfers that share a NIC with the one that changed, so 100,000
+operations take seconds. The NIC numbering is kept per topology (``estimate.nics`` in
+:func:`meshcast.cache_info`).
 """
 
 from __future__ import annotations
