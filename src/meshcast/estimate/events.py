@@ -256,28 +256,18 @@ class _Loop:
             share = v
         if share <= 0.0:
             share = _TINY
-        rate, remaining, stamp, cur, pending, count = (
-            self.rate, self.remaining, self.stamp, self.cur, self.pending, self.count)
+        rate, set_rate = self.rate, self._set_rate
         for f in touched:
-            old = rate[f]
-            if share != old:  # inlined _set_rate
-                rem = remaining[f] - old * (t - stamp[f])
-                if rem < 0.0:
-                    rem = 0.0
-                remaining[f] = rem
-                stamp[f] = t
-                rate[f] = share
-                s = cur[f] = next(count)
-                pending[f] = (t + rem / share, s, f)
+            if share != rate[f]:
+                set_rate(f, share, t)
 
     def _refill_sends(self, touched: dict[int, None], nics: tuple[int, int], t: float) -> None:
         """:meth:`_refill` of Sends: two resources per transfer, no own cap, finite shares."""
         if len(touched) == 1:
             self._refill_one(touched, t)
             return
-        res_of, caps, flows, rate = self.res, self.caps, self.flows, self.rate
-        remaining, stamp, cur, pending, count = (
-            self.remaining, self.stamp, self.cur, self.pending, self.count)
+        res_of, caps, flows, rate, set_rate = (
+            self.res, self.caps, self.flows, self.rate, self._set_rate)
         cnt: dict[int, int] = {}  # transfers to fix on each resource, by first appearance
         get = cnt.get
         for f in touched:
@@ -307,16 +297,8 @@ class _Loop:
                 if f not in todo:
                     continue
                 del todo[f]
-                old = rate[f]
-                if share != old:  # inlined _set_rate
-                    rem = remaining[f] - old * (t - stamp[f])
-                    if rem < 0.0:
-                        rem = 0.0
-                    remaining[f] = rem
-                    stamp[f] = t
-                    rate[f] = share
-                    s = cur[f] = next(count)
-                    pending[f] = (t + rem / share, s, f)
+                if share != rate[f]:
+                    set_rate(f, share, t)
                 if not final:
                     a, b = res_of[f]
                     o = b if a == where else a

@@ -1,17 +1,18 @@
-"""``balance="auto"``: our method. Every candidate is simulated and the fastest kept.
+"""``balance="auto"``: our method. Candidates are simulated and the fastest kept.
 
 Candidates: the plans of our own method (:mod:`.items`: senders from the outbound LP of the
 lower bound, optional striping and chunking, per-slice broadcast or point-to-point) in every
 order of :data:`~meshcast.planning.dispatch.ORDERS` plus seeded non-delay trials, the
 vectorised plans of :mod:`.large`, and every fixed strategy x balance plan (so ``"auto"`` is
-never slower than any of them); the fastest is then improved by a seeded local search over the
-order when it is far above the lower bound. Above
+never slower than any of them, up to float rounding); the fastest is then improved by a seeded
+local search over the order when it is far above the lower bound. They are built in stages,
+and planning stops when the rest cannot matter: the best meets the lower bound, or is close to
+it and no fixed plan can be faster (:mod:`.floors`). Above
 :data:`~meshcast.planning.budgets.AUTO_SIM_LIMIT` unit slices one vectorised plan is built; it
 is kept when its exact time meets the lower bound, and otherwise compared with the fixed
 combinations, skipping each one whose quick time floor shows it cannot be faster. Pure: seeded,
 bounded by counts. See ``docs/scheduling.md``.
 """
-
 from __future__ import annotations
 
 import math
