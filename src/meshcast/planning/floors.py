@@ -8,9 +8,10 @@ shares nothing (a fair share is never above a capacity), so a receiver is busy a
 over its operations, of that duration at the fastest route any holder could give it. A NIC
 carries at most its capacity, and nothing before a first latency. Per strategy:
 
-* ``send_recv``: one ``Send`` per (slice, remote receiver) from a holder: intra-host speed if a
-  holder shares the receiver's host, else at most ``min(holder NIC out, receiver NIC in)``, and
-  its bytes cross the receiver's inbound NIC;
+* ``send_recv``: one ``Send`` per (slice, remote receiver) from a holder, at the fastest any
+  holder gives it (``intra_gbps`` from the receiver's host, ``min(holder NIC out, receiver NIC
+  in)`` from another), and its bytes cross the receiver's inbound NIC when no holder shares its
+  host;
 * ``broadcast``: one operation per slice with all its remote receivers (a ``Send`` when there is
   one): intra-host speed if a holder's host holds every receiver, else at most the sender's
   outbound NIC and every other receiving host's best inbound NIC, and no faster than
@@ -57,7 +58,7 @@ def strategy_floors(task: ReshardTask, topology: Topology, lbd: LowerBound) -> d
         if not sl.remote:
             continue
         hosts = {host_of[h] for h in sl.holders}
-        send = {r: _send_rate(nets, sl.holders, hosts, r) for r in sl.remote}
+        send = {r: _send_rate(nets, sl.holders, r) for r in sl.remote}
         for r, rate in send.items():
             busy["send_recv"][r] += lat + sl.nbytes / rate
             if host_of[r] not in hosts:
@@ -85,11 +86,12 @@ def strategy_floors(task: ReshardTask, topology: Topology, lbd: LowerBound) -> d
     return out
 
 
-def _send_rate(nets: Nets, holders: tuple[int, ...], hosts: set[int], r: int) -> float:
-    """The fastest a ``Send`` of a holder to ``r`` can move when it shares nothing."""
-    if nets.host_of[r] in hosts:
-        return nets.intra
-    return max(min(nets.out_bw[nets.nic[h]], nets.in_bw[nets.nic[r]]) for h in holders)
+def _send_rate(nets: Nets, holders: tuple[int, ...], r: int) -> float:
+    """The fastest a ``Send`` of a holder to ``r`` can move when it shares nothing: inside a
+    host at ``intra_gbps``, across at the slower of the two NICs."""
+    host_of, nic = nets.host_of, nets.nic
+    return max(nets.intra if host_of[h] == host_of[r]
+               else min(nets.out_bw[nic[h]], nets.in_bw[nic[r]]) for h in holders)
 
 
 def _broadcast_rate(nets: Nets, holders: tuple[int, ...], remote: tuple[int, ...]) -> float:
@@ -97,7 +99,7 @@ def _broadcast_rate(nets: Nets, holders: tuple[int, ...], remote: tuple[int, ...
     move when it shares nothing (an upper bound: forwarding links are left out)."""
     nic, host_of = nets.nic, nets.host_of
     if len(remote) == 1:
-        return _send_rate(nets, holders, {host_of[h] for h in holders}, remote[0])
+        return _send_rate(nets, holders, remote[0])
     best_in: dict[int, float] = {}
     for r in remote:
         best_in[host_of[r]] = max(best_in.get(host_of[r], 0.0), nets.in_bw[nic[r]])
