@@ -23,6 +23,22 @@ def test_a_cache_keeps_the_most_recently_used_entries() -> None:
     assert meshcast.cache_info()["test-lru"].size == 0
 
 
+def test_a_weighed_cache_keeps_its_weight_bound() -> None:
+    cache: BoundedCache[str, list[int]] = BoundedCache("test-weight", 10, "lists, 5 items",
+                                                        weight=len, max_weight=5)
+    cache.put("a", [1, 2])
+    cache.put("b", [3, 4])
+    cache.put("c", [5, 6])  # 6 items: drops "a"
+    assert cache.get("a") is None and cache.get("b") == [3, 4]
+    cache.put("big", list(range(9)))  # alone over the bound: kept, the others dropped
+    assert cache.values() == [list(range(9))]
+    cache.pop("big")
+    cache.put("d", [7])
+    assert cache.values() == [[7]]
+    with pytest.raises(ValueError, match="max_weight must be an integer >= 1, got 0"):
+        BoundedCache("test-weight-zero", 1, "", weight=len)
+
+
 def test_bad_names_and_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="maxsize must be an integer >= 1, got 0"):
         BoundedCache("test-zero", 0, "")

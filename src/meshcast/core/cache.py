@@ -36,14 +36,22 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 class BoundedCache(Generic[K, V]):
-    """A least-recently-used map of at most ``maxsize`` entries, registered as ``name``."""
+    """A least-recently-used map of at most ``maxsize`` entries, registered as ``name``. With
+    ``weight`` (a function of a value) the entries' weights also stay at most ``max_weight``
+    together (the newest entry is kept even when it alone weighs more)."""
 
-    def __init__(self, name: str, maxsize: int, about: str) -> None:
+    def __init__(self, name: str, maxsize: int, about: str, *,
+                 weight: Callable[[V], int] | None = None, max_weight: int = 0) -> None:
         if not isinstance(maxsize, int) or maxsize < 1:
             raise ValueError(f"maxsize must be an integer >= 1, got {maxsize!r}")
+        if weight is not None and (not isinstance(max_weight, int) or max_weight < 1):
+            raise ValueError(f"max_weight must be an integer >= 1, got {max_weight!r}")
         self.name = name
         self.maxsize = maxsize
         self.about = about
+        self._weight = weight
+        self._max_weight = max_weight
+        self._weights: dict[K, int] = {}
         self._data: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0
@@ -64,12 +72,18 @@ class BoundedCache(Generic[K, V]):
             return None
 
     def put(self, key: K, value: V) -> V:
-        """Store ``value`` under ``key``, dropping the least recently used entry if full."""
+        """Store ``value`` under ``key``, dropping the least recently used entries while the
+        cache is over ``maxsize`` entries (or over ``max_weight``)."""
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
+            if self._weight is not None:
+                self._weights[key] = self._weight(value)
+            while len(self._data) > self.maxsize or (
+                len(self._data) > 1 and sum(self._weights.values()) > self._max_weight
+            ):
+                old, _ = self._data.popitem(last=False)
+                self._weights.pop(old, None)
         return value
 
     def get_or_make(self, key: K, make: Callable[[], V]) -> V:
@@ -81,6 +95,7 @@ class BoundedCache(Generic[K, V]):
     def pop(self, key: K) -> V | None:
         """Remove and return the value under ``key`` (None if absent)."""
         with self._lock:
+            self._weights.pop(key, None)
             return self._data.pop(key, None)
 
     def values(self) -> list[V]:
@@ -92,6 +107,7 @@ class BoundedCache(Generic[K, V]):
         """Drop every entry and reset the counters."""
         with self._lock:
             self._data.clear()
+            self._weights.clear()
             self._hits = self._misses = 0
 
     def info(self) -> CacheInfo:

@@ -15,7 +15,7 @@ from .auto import auto_plan
 from .fixed import STRATEGIES, fixed_plan
 from .order import order_plan
 
-__all__ = ["BALANCES", "PLAN_CACHE", "STRATEGIES", "plan"]
+__all__ = ["BALANCES", "PLAN_CACHE", "PLAN_CACHE_OPS", "STRATEGIES", "plan"]
 
 BALANCES = ("none", "size", "order", "auto")
 """How senders (and order) are chosen among the holders of a slice: ``"none"`` takes the first
@@ -25,13 +25,18 @@ seeded greedy rounds plus a bounded search, :mod:`meshcast.planning.order`); ``"
 method (LP senders, striping, per-slice strategy, list scheduling, checked by simulation:
 :mod:`meshcast.planning.auto`)."""
 
+PLAN_CACHE_OPS = 2_000_000
+"""The plan cache holds plans of at most this many operations together (a 262,144-operation plan
+holds about 40 MB), beside its 256 entries."""
 PLAN_CACHE: BoundedCache[tuple[ReshardTask, Topology, str | None, str], Plan] = BoundedCache(
-    "planning.plan", 256, "plans of plan() by (task, topology, strategy, balance)"
+    "planning.plan", 256, "plans of plan() by (task, topology, strategy, balance)",
+    weight=lambda p: len(p.ops), max_weight=PLAN_CACHE_OPS,
 )
 """The plans :func:`plan` made, by (task, resolved topology, strategy, balance). A plan is
-immutable and a pure function of that key, so a hit is the plan the call would make. 256
-entries: a model's distinct tensor shapes x layouts fit (a plan of a very large task holds its
-operations: ``meshcast.clear_caches(["planning.plan"])`` frees them)."""
+immutable and a pure function of that key, so a hit is the plan the call would make. At most
+256 entries (a model's distinct tensor shapes x layouts fit) and :data:`PLAN_CACHE_OPS`
+operations, least recently used dropped first; ``meshcast.clear_caches(["planning.plan"])``
+empties it."""
 
 
 def plan(
