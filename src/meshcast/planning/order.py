@@ -12,6 +12,7 @@ free and occupies them for size / bandwidth. Pure: seeded, bounded by counts.
 from __future__ import annotations
 
 import math
+import operator
 from typing import NamedTuple
 
 import numpy as np
@@ -125,17 +126,24 @@ class _HostModel:
         return end
 
 
+def _mean_duration(model: _HostModel, net: list[int]) -> float:
+    """The mean of the jobs' shortest durations (1.0 for none or zero): the load unit of the
+    greedy rounds."""
+    mean = (sum(min(model.dur[j].values()) for j in net) / len(net)) if net else 1.0
+    return mean or 1.0
+
+
 def _greedy_rounds(
-    model: _HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int
+    model: _HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int,
+    mean: float,
 ) -> tuple[list[tuple[int, int]], int]:
-    """One randomised trial: rounds of host-disjoint transfers. Returns (order, nodes spent)."""
+    """One randomised trial: rounds of host-disjoint transfers (``mean``:
+    :func:`_mean_duration`). Returns (order, nodes spent)."""
     remaining = [net[i] for i in rng.permutation(len(net))]
     noise = _Draws(rng)
     load = [0.0] * num_hosts
     order: list[tuple[int, int]] = []
     nodes = 0
-    mean = (sum(min(model.dur[j].values()) for j in net) / len(net)) if net else 1.0
-    mean = mean or 1.0
     while remaining:
         busy: set[int] = set()
         rest: list[int] = []
@@ -148,8 +156,7 @@ def _greedy_rounds(
                     load[h] += model.dur[jj][h]
                     order.append((jj, h))
                 return order, nodes
-            rh = model.recv_hosts[j]
-            if any(x in busy for x in rh):
+            if not busy.isdisjoint(model.recv_hosts[j]):
                 rest.append(j)
                 continue
             free = [h for h in model.cands[j] if h not in busy]
@@ -205,6 +212,7 @@ def _branch_and_bound(
     chosen: list[tuple[int, int]] = []
     nodes = 0
     lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
+    shortest = {j: min(model.dur[j].values()) for j in net}
 
     def dfs(todo: list[int], makespan: float) -> None:
         nonlocal nodes
@@ -215,11 +223,11 @@ def _branch_and_bound(
             if makespan < best[0]:
                 best[0], best[1] = makespan, list(chosen)
             return
-        bound = max(makespan, *(free[x] + must[x] for x in range(num_hosts)))
+        bound = max(makespan, max(map(operator.add, free, must), default=makespan))
         if bound >= best[0]:
             return
         for k, j in enumerate(todo):
-            mind = min(model.dur[j].values())
+            mind = shortest[j]
             rest = todo[:k] + todo[k + 1 :]
             for h in sorted(model.cands[j], key=lambda x: (free[x], x)):
                 hs = model.hosts(j, h)
@@ -291,11 +299,12 @@ def _best_of_trials(
     best_key = (math.inf, math.inf)
     spent = 0
     floor = _fixed_host_work(model, net, n_hosts)
+    mean = _mean_duration(model, net)
     for trial in range(max(1, trials)):
         if trial and (spent >= node_budget or best_key[0] <= floor):
             break  # out of budget, or no later trial can have a smaller key
         rng = np.random.default_rng([seed, trial])
-        order, nodes = _greedy_rounds(model, net, n_hosts, rng, max(1, node_budget - spent))
+        order, nodes = _greedy_rounds(model, net, n_hosts, rng, max(1, node_budget - spent), mean)
         spent += nodes
         load = [0.0] * n_hosts
         for j, h in order:
