@@ -9,6 +9,7 @@ asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..bench.planner_suite import suite_rows
+from ..core.cache import clear_caches
 from ..core.cases import PAPER_CASES
 from ..core.layout import Layout
 from ..core.mesh import Mesh
@@ -93,13 +95,17 @@ def _seconds(fn: Callable[[], object]) -> float:
 
 def _measure(row: Row, repeats: int) -> tuple[float, float, float]:
     """(first call s, best cached call s, simulated / lower bound) of one task: the first call
-    on a fresh task object with the cache bypassed, then the cached calls."""
+    on a fresh task object with the cache bypassed, then the cached calls; the plan cache is
+    emptied after each task (large plans held there slow every later allocation's garbage
+    collection)."""
     _, task, topo = row
     fresh = ReshardTask.from_json(task.to_json())  # nothing derived from it yet
     first = _seconds(lambda: plan(fresh, topo, cache=False))
     made = plan(task, topo)
     cached = min(_seconds(lambda: plan(task, topo)) for _ in range(repeats))
     ratio = simulate(made, topo).time_s / lower_bound(task, topo)
+    clear_caches(["planning.plan"])
+    gc.collect()
     return first, cached, ratio
 
 
