@@ -25,9 +25,10 @@ seeded greedy rounds plus a bounded search, :mod:`meshcast.planning.order`); ``"
 method (LP senders, striping, per-slice strategy, list scheduling, checked by simulation:
 :mod:`meshcast.planning.auto`)."""
 
-PLAN_CACHE_OPS = 2_000_000
-"""The plan cache holds plans of at most this many operations together (a 262,144-operation plan
-holds about 40 MB), beside its 256 entries."""
+PLAN_CACHE_OPS = 1_000_000
+"""The plan cache holds plans of at most this many operations together, beside its 256 entries:
+a 262,144-operation plan holds about 40 MB, and the objects of cached plans are walked by every
+full garbage collection of the process (docs/scheduling.md, "Planner speed")."""
 PLAN_CACHE: BoundedCache[tuple[ReshardTask, Topology, str | None, str], Plan] = BoundedCache(
     "planning.plan", 256, "plans of plan() by (task, topology, strategy, balance)",
     weight=lambda p: len(p.ops), max_weight=PLAN_CACHE_OPS,
