@@ -134,7 +134,8 @@ class _FixedStage:
     """The fixed combinations as a stage of ``"auto"``: calling it builds the fixed plans of
     every strategy whose floor (:func:`~meshcast.planning.floors.strategy_floors`) the best
     candidate so far does not beat (the three strategies build the same operations when every
-    slice has one receiver to reach: then one stands for all), and keeps those whose
+    slice has one receiver to reach: then one stands for all; ``"size"`` builds ``"none"``'s
+    when every slice has one holder: then it is not built), and keeps those whose
     :func:`meshcast.time_floor` is below the best so far (the others cannot be faster);
     :meth:`settled` says whether no fixed plan can be faster than the best so far."""
 
@@ -163,10 +164,14 @@ class _FixedStage:
         strategies = self.strategies
         if len(strategies) > 1 and one_remote_receiver(self.task):
             strategies = strategies[:1]
+        balances = FIXED_BALANCES
+        if all(len(h) == 1 for h in self.task.decomposition.holders_of_tile):
+            balances = tuple(b for b in balances if b != "size")  # "none"'s plan: one holder
         for k, s in enumerate(strategies):
             if self.pool.times and s in self.floors() and self.pool.beats(self.floors()[s]):
                 continue  # no fixed plan of s can be faster than the best so far
-            for j, b in enumerate(FIXED_BALANCES):
+            for b in balances:
+                j = FIXED_BALANCES.index(b)
                 p = _fixed(self.task, self.topology, s, b)
                 if self.pool.beats(time_floor(p, self.topology)):
                     continue  # its quick floor shows it cannot be faster: not simulated
