@@ -237,8 +237,8 @@ def _large_candidates(task: ReshardTask, topology: Topology) -> list[Candidate]:
 
 
 class _OwnMethod:
-    """The plans of our own method (:mod:`.items`, :mod:`.dispatch`) in two stages:
-    :meth:`variants` and :meth:`trials`."""
+    """The plans of our own method (:mod:`.items`, :mod:`.dispatch`) in stages:
+    :meth:`variants`, then the seeded trials of :meth:`trial_stages`."""
 
     def __init__(self, task: ReshardTask, topology: Topology, lbd: LowerBound,
                  strategy: str | None, sim_limit: int) -> None:
@@ -266,8 +266,8 @@ class _OwnMethod:
 
     def trial_stages(self) -> list[Callable[[], list[Candidate]]]:
         """Seeded non-delay trials with perturbed priorities, within a budget of items (none
-        above ``sim_limit`` transfers), in stages of :data:`TRIALS_PER_STAGE` (each stage
-        builds the item variants it needs; the variants stage has built all three)."""
+        above ``sim_limit`` transfers), in stages of :data:`TRIALS_PER_STAGE`, on the item
+        variants that :meth:`variants` built (it runs first)."""
         if not self.within:
             return []
         stages = []
