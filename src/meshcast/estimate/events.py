@@ -43,6 +43,17 @@ def run_events(
     return loop.start, loop.begin, loop.end
 
 
+def _bottleneck(cnt: dict[int, int], resid: dict[int, float]) -> tuple[float, int]:
+    """The water-filling's next level: the least spare capacity per unfixed transfer over the
+    resources ``cnt`` still counts (the first of equals), and that resource (-1: none)."""
+    share, where = math.inf, -1
+    for r, c in cnt.items():
+        v = resid[r] / c
+        if v < share:
+            share, where = v, r
+    return share, where
+
+
 def _dependencies(ranks: Sequence[tuple[int, ...]]) -> tuple[list[int], list[list[int]]]:
     """Per op: how many distinct previous ops (the last of each of its ranks) it waits for, and
     the ops that wait for it (in plan order)."""
@@ -197,11 +208,7 @@ class _Loop:
                     resid[r] = self._spare(r, touched)
         todo, set_rate = touched, self._set_rate  # todo: the caller's dict, emptied here
         while todo:
-            share, where = math.inf, -1
-            for r, c in cnt.items():
-                v = resid[r] / c
-                if v < share:
-                    share, where = v, r
+            share, where = _bottleneck(cnt, resid)
             batch: Iterable[int] = flows[where] if where >= 0 else ()  # unchanged here
             if mincap <= share:
                 own = min(todo, key=cap_of.__getitem__)
@@ -285,11 +292,7 @@ class _Loop:
                 resid[r] = caps[r] - used
         todo = touched
         while todo:
-            share, where = math.inf, -1
-            for r, c in cnt.items():
-                v = resid[r] / c
-                if v < share:
-                    share, where = v, r
+            share, where = _bottleneck(cnt, resid)
             if share <= 0.0:
                 share = _TINY
             final = cnt.pop(where) == len(todo)  # nothing left to fix after this batch
