@@ -16,7 +16,7 @@ from meshcast.cli import main
 from meshcast.core.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
 from meshcast.core.task import iter_slices
 from meshcast.core.units import GBIT
-from meshcast.estimate.lower_bound import holders_bound
+from meshcast.estimate.rank_bounds import holders_bound
 from meshcast.planning.auto import auto_plan, local_search, one_remote_receiver
 from meshcast.planning.budgets import AUTO_SIM_LIMIT, CERTIFY_TOL, SEARCH_NODE_BUDGET
 from meshcast.planning.dispatch import dispatch, order_items

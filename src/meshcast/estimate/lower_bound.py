@@ -18,10 +18,10 @@
   (they hold no other tile) run at least one operation per slice of it that must move (n in all),
   each paying ``latency`` and carrying at most one slice, at most at the fastest link (one NIC's
   rate for a slice none of whose receivers sits on a holder host): the least time in which k
-  holders can do that, counting operations in whole numbers, is :func:`holders_bound` (e.g. 7
-  slices of 15 us from 5 holders with 30 us start-ups: two operations on every holder, 81 us,
-  where spreading the start-ups evenly gave 63 us). These terms matter for small tensors cut into
-  many small slices.
+  holders can do that, counting operations in whole numbers, is
+  :func:`~meshcast.estimate.rank_bounds.holders_bound` (e.g. 7 slices of 15 us from 5 holders
+  with 30 us start-ups: two operations on every holder, 81 us, where spreading the start-ups
+  evenly gave 63 us). These terms matter for small tensors cut into many small slices.
 * Per host (rank time): the ranks of host h are busy at most ``|ranks of h| * T`` together. A
   slice that k ranks of h lack costs them at least ``k*lat + tr + (k-1) * min(tr, lat)`` if no
   rank of h holds it (``tr`` = bytes over one inbound NIC of h; by the per-rank argument each
@@ -46,13 +46,12 @@ from ..core.job import topology_for_meshes
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..core.units import GBIT
-from .rank_bounds import holders_bound, host_bound, rank_bound, rank_tiles
+from .rank_bounds import host_bound, rank_bound, rank_tiles
 
 __all__ = [
     "FLOAT_MARGIN",
     "LowerBound",
     "bound_seconds",
-    "holders_bound",
     "inbound_seconds",
     "joint_lower_bound",
     "lower_bound",
