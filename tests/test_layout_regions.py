@@ -110,6 +110,28 @@ def test_every_strategy_and_balance_is_exact(task: mc.ReshardTask) -> None:
             assert seconds >= bound * (1 - 1e-9), (strategy, balance, seconds, bound)
 
 
+@settings(max_examples=50, deadline=None)
+@given(rich_tasks())
+def test_auto_plans_classes_of_slices_exactly(task: mc.ReshardTask) -> None:
+    """``"auto"`` plans slices with equal holders and receivers as one and cuts its operations
+    back into their boxes (planning/classes.py): still every element exactly once; a one-box
+    layout has no class of two slices."""
+    from meshcast.core.task import iter_slices
+    from meshcast.planning.classes import SliceClasses
+
+    x = sample_array(task)
+    plan = mc.plan(task, cache=False)
+    got = mc.execute_local(plan, mc.scatter(x, task.src))
+    want = mc.scatter(x, task.dst)
+    assert sorted(got) == sorted(want)
+    assert all(np.array_equal(got[r], want[r]) for r in want)
+    one_box = all(len(list(region.boxes())) == 1
+                  for layout in (task.src, task.dst)
+                  for region in layout.regions(task.shape).values())
+    if one_box:
+        assert not SliceClasses(list(iter_slices(task))).merged
+
+
 # -- (d) steps of split factor 1 are plain Shard -------------------------------------------------
 def _with_unit_factors(spec: str, draw) -> str:
     """``spec`` with ``[1]`` written after some of its mesh-axis digits."""

@@ -2,7 +2,8 @@
 
 Candidates: the plans of our own method (:mod:`.items`: senders from the outbound LP of the
 lower bound, optional striping and chunking, per-slice broadcast or point-to-point) in every
-order of :data:`~meshcast.planning.dispatch.ORDERS` plus seeded non-delay trials, the
+order of :data:`~meshcast.planning.dispatch.ORDERS` plus seeded non-delay trials (on classes
+of slices with equal holders and receivers, :mod:`.classes`), the
 vectorised plans of :mod:`.large`, and every fixed strategy x balance plan (so ``"auto"`` is
 never slower than any of them, up to float rounding); the fastest is then improved by a seeded
 local search over the order when it is far above the lower bound. They are built in stages,
@@ -38,6 +39,7 @@ from .budgets import (
     FLOOR_TOL,
     SEED,
 )
+from .classes import SliceClasses
 from .dispatch import dispatch, order_items
 from .fixed import STRATEGIES, fixed_plan
 from .floors import strategy_floors
@@ -243,8 +245,9 @@ class _OwnMethod:
     def __init__(self, task: ReshardTask, topology: Topology, lbd: LowerBound,
                  strategy: str | None, sim_limit: int) -> None:
         self.task, self.topology, self.lbd, self.strategy = task, topology, lbd, strategy
-        self.slices = list(iter_slices(task))
-        self.within = sum(len(s.remote) for s in self.slices) <= sim_limit
+        slices = list(iter_slices(task))
+        self.within = sum(len(s.remote) for s in slices) <= sim_limit
+        self.classes = SliceClasses(slices)
         self.lat = topology.latency_us * 1e-6
         self.built: dict[tuple[bool, bool], tuple[list[Item], str]] = {}
 
@@ -256,12 +259,13 @@ class _OwnMethod:
             OWN_VARIANTS if self.within else OWN_VARIANTS[:1]
         ):
             if (stripe, chunk) not in self.built:
-                items, used_p2p = own_items(self.task, self.topology, self.slices, self.lbd,
-                                            stripe=stripe, chunk=chunk,
+                items, used_p2p = own_items(self.task, self.topology, self.classes.virtual,
+                                            self.lbd, stripe=stripe, chunk=chunk,
                                             p2p=self.strategy is None)
                 self.built[(stripe, chunk)] = (items, "auto" if used_p2p else "broadcast")
             items, label = self.built[(stripe, chunk)]
-            out.append(((0, k), label, "own", tuple(order_items(items, order, self.lat)), ()))
+            ops = self.classes.expand(order_items(items, order, self.lat))
+            out.append(((0, k), label, "own", ops, ()))
         return out
 
     def trial_stages(self) -> list[Callable[[], list[Candidate]]]:
@@ -286,7 +290,7 @@ class _OwnMethod:
         for k in range(first, min(first + TRIALS_PER_STAGE, trials)):
             rng = np.random.default_rng([SEED, c, k])
             ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng)
-            out.append(((1, c, k), label, "own", tuple(ops), ()))
+            out.append(((1, c, k), label, "own", self.classes.expand(ops), ()))
         return out
 
 

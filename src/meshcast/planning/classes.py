@@ -1,0 +1,103 @@
+"""Unit slices in classes: the slices that share their holders and receivers move alike, so
+``"auto"``'s own method plans each class as one slice and then cuts its operations back into
+the class's boxes.
+
+A rank holding k boxes (a strided, interleaved or fused layout, docs/concepts.md) gives a task
+k times the unit slices of the one-box layout, in classes of k that share (holders, receivers).
+Planning one slice per class keeps the schedulers' work that of the one-box task; the operations
+they make are expanded, linearly, into one operation per box. A one-box layout has one slice
+per class (two slices with the same holders and receivers would be two boxes of one rank), so
+its planning is unchanged.
+
+A class is a *virtual* one-dimensional box: the classes lie end to end on one axis, each
+class's boxes end to end inside it in slice order. An operation on a part of a class covers the
+same share of each box it overlaps, cut along the box's longest dimension at the rounded
+proportional point; neighbouring parts cut at the same points, so the parts of a class cover
+each of its boxes exactly once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from ..core.boxes import Box, box_size
+from ..core.ops import AllGather, Op
+from ..core.task import SliceInfo
+
+__all__ = ["SliceClasses"]
+
+
+class SliceClasses:
+    """The classes of ``slices`` (equal holders, local and remote receivers), each as one
+    virtual slice (:attr:`virtual`), and the map of operations on virtual boxes back to the
+    real boxes (:meth:`expand`). :attr:`merged` is false when every class has one slice: then
+    :attr:`virtual` is ``slices`` itself and :meth:`expand` returns its input."""
+
+    def __init__(self, slices: Sequence[SliceInfo]) -> None:
+        groups: dict[tuple, list[SliceInfo]] = {}
+        for sl in slices:
+            groups.setdefault((sl.holders, sl.local, sl.remote), []).append(sl)
+        self.merged = len(groups) < len(slices)
+        self.virtual: list[SliceInfo] = list(slices)
+        if not self.merged:
+            return
+        self.virtual = []
+        self._starts: list[int] = []  # virtual offset of each class
+        self._members: list[list[tuple[int, Box]]] = []  # (virtual offset, real box)
+        offset = 0
+        for members in sorted(groups.values(), key=lambda g: g[0].index):
+            self._starts.append(offset)
+            begin = offset
+            placed = []
+            for sl in members:
+                placed.append((offset, sl.box))
+                offset += box_size(sl.box)
+            first = members[0]
+            self.virtual.append(first._replace(
+                box=(slice(begin, offset),), nbytes=sum(sl.nbytes for sl in members)))
+            self._members.append(placed)
+        self._end = offset
+
+    def expand(self, ops: Sequence[Op]) -> tuple[Op, ...]:
+        """``ops`` (on virtual boxes) as operations on the real boxes, in the same order: each
+        operation becomes one per box it overlaps (none for an empty share)."""
+        if not self.merged:
+            return tuple(ops)
+        out: list[Op] = []
+        for op in ops:
+            assert not isinstance(op, AllGather), "the own method makes no all-gathers"
+            (part,) = op.box
+            out.extend(op._replace(box=box) for box in self._real_boxes(part.start, part.stop))
+        return tuple(out)
+
+    def _real_boxes(self, a: int, b: int) -> list[Box]:
+        """The real boxes of virtual elements ``a:b`` (within one class)."""
+        c = bisect.bisect_right(self._starts, a) - 1
+        members = self._members[c]
+        first = bisect.bisect_right([m[0] for m in members], a) - 1
+        out: list[Box] = []
+        for offset, box in members[first:]:
+            if offset >= b:
+                break
+            size = box_size(box)
+            lo, hi = max(a, offset) - offset, min(b, offset + size) - offset
+            if lo == 0 and hi == size:
+                out.append(box)
+                continue
+            piece = _share(box, lo, hi, size)
+            if piece is not None:
+                out.append(piece)
+        return out
+
+
+def _share(box: Box, lo: int, hi: int, size: int) -> Box | None:
+    """The part of ``box`` for its elements ``lo:hi`` of ``size``: cut along its longest
+    dimension at the rounded proportional points (None when the part is empty)."""
+    dim = max(range(len(box)), key=lambda d: box[d].stop - box[d].start)
+    start, stop = box[dim].start, box[dim].stop
+    n = stop - start
+    cut_lo, cut_hi = start + round(n * lo / size), start + round(n * hi / size)
+    if cut_hi <= cut_lo:
+        return None
+    return (*box[:dim], slice(cut_lo, cut_hi), *box[dim + 1 :])
