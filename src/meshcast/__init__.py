@@ -10,9 +10,11 @@ from .core.job import job_topology
 from .core.layout import Box, Layout, Placement, Replicate, Shard, StridedShard
 from .core.local import execute_local, gather, scatter
 from .core.mesh import Mesh
+from .core.names import Fuse, Piece, Stack, map_weights
 from .core.picture import layout_picture
 from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, check_plan
 from .core.region import Region
+from .core.stacked import index_layout, index_local
 from .core.task import ReshardTask, UnitSlice
 from .core.topology import Topology
 from .estimate.lower_bound import (
@@ -40,10 +42,12 @@ __all__ = [
     "Broadcast",
     "CacheInfo",
     "Copy",
+    "Fuse",
     "Layout",
     "LowerBound",
     "Mesh",
     "Op",
+    "Piece",
     "Placement",
     "Plan",
     "Region",
@@ -52,6 +56,7 @@ __all__ = [
     "Send",
     "Shard",
     "SimReport",
+    "Stack",
     "StridedShard",
     "Topology",
     "UnitSlice",
@@ -65,11 +70,14 @@ __all__ = [
     "fused_part_views",
     "fused_tasks",
     "gather",
+    "index_layout",
+    "index_local",
     "job_topology",
     "joint_lower_bound",
     "layout_picture",
     "lower_bound",
     "lower_bound_details",
+    "map_weights",
     "part_layout",
     "part_names",
     "plan",
@@ -101,7 +109,8 @@ _RUNTIME_EXPORTS = frozenset(
 
 # DTensor and whole-model resharding (meshcast.interop) import torch too.
 _INTEROP_EXPORTS = frozenset(
-    {"REDUCTIONS", "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"})
+    {"REDUCTIONS", "gpt_mapping", "gpt_tensor_parallel_layout", "layout_from_dtensor",
+     "llama_mapping", "reshard_dtensor", "reshard_state_dict"})
 
 
 def __getattr__(name: str):
