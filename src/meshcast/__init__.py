@@ -14,6 +14,7 @@ from .core.names import Fuse, Piece, Stack, map_weights
 from .core.picture import layout_picture
 from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, check_plan
 from .core.region import Region
+from .core.scales import FP8_MAX, scale_layout
 from .core.stacked import index_layout, index_local
 from .core.task import ReshardTask, UnitSlice
 from .core.topology import Topology
@@ -24,6 +25,7 @@ from .estimate.lower_bound import (
     lower_bound_details,
 )
 from .estimate.simulate import SimReport, simulate, simulate_many, time_floor
+from .planning.amax import AmaxPlan, combine_local, plan_amax
 from .planning.many import (
     DEFAULT_BUCKET_BYTES,
     build_schedule,
@@ -36,8 +38,10 @@ from .planning.planner import BALANCES, STRATEGIES, plan
 __all__ = [
     "BALANCES",
     "DEFAULT_BUCKET_BYTES",
+    "FP8_MAX",
     "STRATEGIES",
     "AllGather",
+    "AmaxPlan",
     "Box",
     "Broadcast",
     "CacheInfo",
@@ -65,6 +69,7 @@ __all__ = [
     "check_plan",
     "clear_caches",
     "clear_plan_cache",
+    "combine_local",
     "execute_local",
     "fused_part_index",
     "fused_part_views",
@@ -81,8 +86,10 @@ __all__ = [
     "part_layout",
     "part_names",
     "plan",
+    "plan_amax",
     "plan_cache_info",
     "plan_many",
+    "scale_layout",
     "scatter",
     "simulate",
     "simulate_many",
@@ -97,11 +104,16 @@ _RUNTIME_EXPORTS = frozenset(
         "LaunchError",
         "ReshardError",
         "TransferStats",
+        "combine_amax",
         "detect_topology",
         "launch",
+        "partial_amax",
+        "quantize",
+        "quantize_shard",
         "reset_transfer_stats",
         "reshard",
         "reshard_many",
+        "scales_of",
         "transfer_stats",
     }
 )
