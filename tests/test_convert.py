@@ -210,3 +210,53 @@ def test_trainer_ranks_convert_to_fp8_before_the_wire_on_real_processes() -> Non
             assert fault == ((3,), f"rank {r}: combine_amax: the partial amax to rank 3")
         else:
             assert fault is None, r
+
+
+def test_a_llama_model_into_an_fp8_engine_with_fused_and_stacked_scales() -> None:
+    """Names, fusion and conversion together, in one process: every trainer tensor converted
+    per 2 x 2 block on its own shards, moved as FP8 into its part of a fused or stacked engine
+    tensor, its scales into their part of the engine's scale tensor; both equal the whole engine
+    tensor's conversion cut by its layouts (part sizes are whole blocks, so the fused tensor's
+    blocks are its parts')."""
+    import ml_dtypes
+    from test_weight_names import ENGINE, MAPPING, engine_full, engine_specs, full, trainer_specs
+
+    from meshcast.core.names import rule_sources
+
+    block, dtype = (2, 2), "float8_e4m3fn"  # (4, 4) would cut gate_up: 6 rows per rank
+    engine = {n: s for n, s in engine_specs(dtype).items() if len(s[0]) > 1}  # not the norms
+    trainer = trainer_specs()
+    mapping = {n: MAPPING[n] for n in engine}
+    trainer = {n: trainer[n] for n in {t for rule in mapping.values()
+                                       for t in rule_sources(rule)}}
+    weights = {n: {r: np.zeros(s[2].shard_shape(r, s[0]), ml_dtypes.float8_e4m3fn)
+                   for r in ENGINE.devices} for n, s in engine.items()}
+    scales = {n: {r: np.zeros(scale_layout(s[2], s[0], block)[0].shard_shape(
+        r, scale_layout(s[2], s[0], block)[1]), np.float32) for r in ENGINE.devices}
+        for n, s in engine.items()}
+    for piece in mc.map_weights(trainer, engine, mapping):
+        sp = mc.scale_piece(piece, block)
+        x = torch.from_numpy(full(piece.trainer, piece.task.shape))
+        plan = plan_amax(piece.task.shape, block, piece.task.src, sp.task.dst)
+        regions = piece.task.src.regions(piece.task.shape)
+        local = {r: x[np.ix_(*reg.indices())] for r, reg in regions.items()}
+        known = combine_local(plan, {r: partial_amax(local[r], regions[r], x.shape, block)
+                                     .numpy() for r in plan.partial})
+        wire = {r: bits(quantize_shard(local[r], regions[r], x.shape, block, torch.from_numpy(
+            known[r][plan.slots(r, plan.partial[r])].reshape(plan.partial_shape[r])), dtype)
+            ).view(ml_dtypes.float8_e4m3fn) for r in plan.partial}
+        moved = mc.execute_local(mc.plan(piece.task), {r: wire.get(r, np.zeros(
+            reg.shape, ml_dtypes.float8_e4m3fn)) for r, reg in regions.items()})
+        for r in ENGINE.devices:
+            if r in piece.task.dst.mesh:
+                piece.dst_view(weights[piece.engine][r], r)[...] = moved[r]
+                amax = torch.from_numpy(known[r][plan.slots(r, plan.scale[r])])
+                view = sp.dst_view(scales[piece.engine][r], r)
+                view[...] = scales_of(amax, dtype).numpy().reshape(view.shape)
+    for name, spec in engine.items():
+        q, s = quantize(torch.from_numpy(engine_full(name, spec)), dtype, block)
+        want_q = mc.scatter(bits(q).view(ml_dtypes.float8_e4m3fn), spec[2])
+        want_s = mc.scatter(s.numpy(), scale_layout(spec[2], spec[0], block)[0])
+        for r in ENGINE.devices:
+            assert np.array_equal(weights[name][r].view(np.uint8), want_q[r].view(np.uint8))
+            assert np.array_equal(scales[name][r], want_s[r]), (name, r)

@@ -14,7 +14,7 @@ from .core.names import Fuse, Piece, Stack, map_weights
 from .core.picture import layout_picture
 from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, check_plan
 from .core.region import Region
-from .core.scales import FP8_MAX, scale_layout
+from .core.scales import FP8_MAX, scale_layout, scale_piece
 from .core.stacked import index_layout, index_local
 from .core.task import ReshardTask, UnitSlice
 from .core.topology import Topology
@@ -90,6 +90,7 @@ __all__ = [
     "plan_cache_info",
     "plan_many",
     "scale_layout",
+    "scale_piece",
     "scatter",
     "simulate",
     "simulate_many",

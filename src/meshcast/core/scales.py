@@ -18,16 +18,19 @@ rank's scales are exactly those of its elements; it is checked, naming the rank.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from .checks import as_shape
 from .layout import Layout
+from .names import Piece
 from .region import Region
 from .splits import DimSplit, Part
+from .task import ReshardTask
 
 __all__ = ["FP8_MAX", "MIN_AMAX", "block_sizes", "grid_runs", "grid_shape", "scale_layout",
-           "touched_blocks"]
+           "scale_piece", "touched_blocks"]
 
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 """The largest finite magnitude of each scaled format (``torch.finfo(dtype).max``)."""
@@ -129,3 +132,24 @@ def scale_layout(
                     f"blocks for block-wise scales)")
     return scales, grid
 
+
+
+def scale_piece(piece: Piece, block: Sequence[int]) -> Piece:
+    """The block-wise scales of ``piece`` (:func:`meshcast.map_weights`) as a piece of the
+    engine tensor's scales (``scale_layout`` of the engine tensor): ``task.dst`` is the scale
+    layout of the piece's place, ``dst_view`` finds it in a rank's shard of the engine's scale
+    tensor. The scales do not move by a plan: they arrive by the exchange
+    ``plan_amax(piece.task.shape, block, piece.task.src, scales.task.dst)``, so the task's
+    source is its destination. Stacked dimensions must have blocks of 1 (leading dimensions)."""
+    sizes = block_sizes(piece.engine_shape, block)
+    dims = list(range(len(piece.engine_shape)))
+    for kind, d, _ in piece.path:
+        if kind == "stack":
+            if sizes[dims[d]] != 1:
+                raise ValueError(f"{piece.engine}: stacked dimension {dims[d]} is inside the "
+                                 f"block {tuple(block)}: blocks must not span stacked items")
+            dims.pop(d)
+    layout, grid = scale_layout(piece.engine_layout, piece.engine_shape, block)
+    dst, part_grid = scale_layout(piece.task.dst, piece.task.shape, block)
+    return replace(piece, task=ReshardTask(part_grid, "float32", dst, dst),
+                   engine_shape=grid, engine_layout=layout)
