@@ -10,9 +10,12 @@ from .core.job import job_topology
 from .core.layout import Box, Layout, Placement, Replicate, Shard, StridedShard
 from .core.local import execute_local, gather, scatter
 from .core.mesh import Mesh
+from .core.names import Fuse, Piece, Stack, map_weights
 from .core.picture import layout_picture
 from .core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, check_plan
 from .core.region import Region
+from .core.scales import FP8_MAX, scale_layout, scale_piece
+from .core.stacked import index_layout, index_local
 from .core.task import ReshardTask, UnitSlice
 from .core.topology import Topology
 from .estimate.lower_bound import (
@@ -22,6 +25,7 @@ from .estimate.lower_bound import (
     lower_bound_details,
 )
 from .estimate.simulate import SimReport, simulate, simulate_many, time_floor
+from .planning.amax import AmaxPlan, combine_local, plan_amax
 from .planning.many import (
     DEFAULT_BUCKET_BYTES,
     build_schedule,
@@ -34,16 +38,20 @@ from .planning.planner import BALANCES, STRATEGIES, plan
 __all__ = [
     "BALANCES",
     "DEFAULT_BUCKET_BYTES",
+    "FP8_MAX",
     "STRATEGIES",
     "AllGather",
+    "AmaxPlan",
     "Box",
     "Broadcast",
     "CacheInfo",
     "Copy",
+    "Fuse",
     "Layout",
     "LowerBound",
     "Mesh",
     "Op",
+    "Piece",
     "Placement",
     "Plan",
     "Region",
@@ -52,6 +60,7 @@ __all__ = [
     "Send",
     "Shard",
     "SimReport",
+    "Stack",
     "StridedShard",
     "Topology",
     "UnitSlice",
@@ -60,21 +69,28 @@ __all__ = [
     "check_plan",
     "clear_caches",
     "clear_plan_cache",
+    "combine_local",
     "execute_local",
     "fused_part_index",
     "fused_part_views",
     "fused_tasks",
     "gather",
+    "index_layout",
+    "index_local",
     "job_topology",
     "joint_lower_bound",
     "layout_picture",
     "lower_bound",
     "lower_bound_details",
+    "map_weights",
     "part_layout",
     "part_names",
     "plan",
+    "plan_amax",
     "plan_cache_info",
     "plan_many",
+    "scale_layout",
+    "scale_piece",
     "scatter",
     "simulate",
     "simulate_many",
@@ -89,11 +105,16 @@ _RUNTIME_EXPORTS = frozenset(
         "LaunchError",
         "ReshardError",
         "TransferStats",
+        "combine_amax",
         "detect_topology",
         "launch",
+        "partial_amax",
+        "quantize",
+        "quantize_shard",
         "reset_transfer_stats",
         "reshard",
         "reshard_many",
+        "scales_of",
         "transfer_stats",
     }
 )
@@ -101,7 +122,8 @@ _RUNTIME_EXPORTS = frozenset(
 
 # DTensor and whole-model resharding (meshcast.interop) import torch too.
 _INTEROP_EXPORTS = frozenset(
-    {"REDUCTIONS", "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"})
+    {"REDUCTIONS", "gpt_mapping", "gpt_tensor_parallel_layout", "layout_from_dtensor",
+     "llama_mapping", "reshard_dtensor", "reshard_state_dict"})
 
 
 def __getattr__(name: str):

@@ -2,7 +2,8 @@
 
 - :mod:`.dtensor`: ``layout_from_dtensor`` and :func:`reshard_dtensor`;
 - :mod:`.state_dict`: :func:`reshard_state_dict`, a whole model in one call;
-- :mod:`.weights`: ready layouts of the project's GPT model for weight sync.
+- :mod:`.weights`: ready layouts of the project's GPT model for weight sync;
+- :mod:`.weight_names`: ready name mappings (Llama-style into vLLM-style, the GPT model).
 
 Planning many tensors at once (``plan_many``) is :mod:`meshcast.planning.many` (numpy only);
 running them (``reshard_many``) is :mod:`meshcast.runtime.many`.
@@ -10,5 +11,7 @@ running them (``reshard_many``) is :mod:`meshcast.runtime.many`.
 
 from .dtensor import REDUCTIONS, layout_from_dtensor, reshard_dtensor
 from .state_dict import reshard_state_dict
+from .weight_names import gpt_mapping, gpt_tensor_parallel_layout, llama_mapping
 
-__all__ = ["REDUCTIONS", "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"]
+__all__ = ["REDUCTIONS", "gpt_mapping", "gpt_tensor_parallel_layout", "layout_from_dtensor",
+           "llama_mapping", "reshard_dtensor", "reshard_state_dict"]

@@ -6,9 +6,12 @@
 - :func:`reshard_many` runs many plans in bounded buckets of packed messages (many.py);
 - :func:`launch` starts local processes with a gloo group for examples and tests (launch.py);
 - :func:`detect_topology` reads which host each rank is on (detect.py);
+- :func:`quantize_shard` and :func:`combine_amax` convert shards to FP8 on the sending side,
+  exactly as the whole tensor (convert.py);
 - :func:`transfer_stats` returns the byte counters the runtime fills as it sends (stats.py).
 """
 
+from .convert import combine_amax, partial_amax, quantize, quantize_shard, scales_of
 from .detect import detect_topology
 from .errors import ReshardError
 from .execute import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_TIMEOUT, reshard
@@ -25,12 +28,17 @@ __all__ = [
     "ManyStats",
     "ReshardError",
     "TransferStats",
+    "combine_amax",
     "detect_topology",
     "group_cache",
     "last_many_stats",
     "launch",
+    "partial_amax",
+    "quantize",
+    "quantize_shard",
     "reset_transfer_stats",
     "reshard",
     "reshard_many",
+    "scales_of",
     "transfer_stats",
 ]
