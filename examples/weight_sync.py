@@ -38,7 +38,8 @@ def worker(rank: int, layers: int, embd: int, vocab: int, reps: int) -> dict:
 
     sd, layouts = model_and_layouts(layers, embd, vocab)
     # what a trainer rank holds: its shard of each weight of its stage
-    shards = {n: sd[n][t.src_box(rank)] for n, t in layouts.items() if t.src_box(rank)}
+    shards = {n: meshcast.shard_of(sd[n], t.src_region(rank)) for n, t in layouts.items()
+              if t.src_region(rank) is not None}
     times = []
     for i in range(reps + 1):  # the first call plans (cached afterwards) and connects
         dist.barrier()
@@ -47,8 +48,8 @@ def worker(rank: int, layers: int, embd: int, vocab: int, reps: int) -> dict:
         dist.barrier()
         if i:
             times.append(time.perf_counter() - t0)
-    wrong = [n for n, t in layouts.items() if t.dst_box(rank) is not None
-             and not torch.equal(received[n], sd[n][t.dst_box(rank)])]
+    wrong = [n for n, t in layouts.items() if t.dst_region(rank) is not None
+             and not torch.equal(received[n], meshcast.shard_of(sd[n], t.dst_region(rank)))]
     return {"times": times, "wrong": wrong, "received": len(received),
             "cache": meshcast.plan_cache_info()}
 

@@ -214,7 +214,6 @@ def test_pipeline_takes_each_ranks_shard_as_scatter_does(data) -> None:
     """The pipeline's sending side (``shard_of``: a region's elements of a whole torch tensor)
     gives every rank what :func:`meshcast.scatter` gives it, in local order."""
     torch = pytest.importorskip("torch")
-    from meshcast.pipeline.exchange import shard_of
 
     ndim = data.draw(st.integers(1, 3))
     shape = tuple(data.draw(st.lists(st.integers(0, 12), min_size=ndim, max_size=ndim)))
@@ -223,5 +222,5 @@ def test_pipeline_takes_each_ranks_shard_as_scatter_does(data) -> None:
     x = _index_array(shape)
     want = mc.scatter(x, layout)
     for r in mesh.devices:
-        got = shard_of(torch.from_numpy(x), layout.region(r, shape))
+        got = mc.shard_of(torch.from_numpy(x), layout.region(r, shape))
         assert got.shape == want[r].shape and np.array_equal(got.numpy(), want[r])

@@ -34,9 +34,9 @@ def _model_tasks(infer_first: int):
 def _shards(sd, tasks, rank: int) -> dict:
     out = {}
     for name, task in tasks.items():
-        box = task.src_box(rank)
-        if box is not None:
-            out[name] = sd[name][box]
+        region = task.src_region(rank)
+        if region is not None:
+            out[name] = mc.shard_of(sd[name], region)
     return out
 
 
@@ -58,11 +58,11 @@ def _state_dict_job(rank: int) -> list[str]:
     failures: list[str] = []
 
     def check(result: dict, sd: dict, tasks: dict, what: str) -> None:
-        want = {n for n, t in tasks.items() if t.dst_box(rank) is not None}
+        want = {n for n, t in tasks.items() if t.dst_region(rank) is not None}
         if set(result) != want:
             failures.append(f"{what}: rank {rank} got names {sorted(set(result) ^ want)} wrong")
         for name in want & set(result):
-            if not _same(result[name], sd[name][tasks[name].dst_box(rank)]):
+            if not _same(result[name], mc.shard_of(sd[name], tasks[name].dst_region(rank))):
                 failures.append(f"{what}: {name} differs on rank {rank}")
 
     mc.clear_plan_cache()
@@ -90,12 +90,14 @@ def _state_dict_job(rank: int) -> list[str]:
 
     # 3. reshard_many with plans from plan_many (non-contiguous inputs)
     plans = mc.plan_many(list(tasks.values()))
-    ins = [None if (b := t.src_box(rank)) is None else sd[n][b].t().contiguous().t()
-           if sd[n].ndim == 2 else sd[n][b] for n, t in tasks.items()]
+    ins = [None if (g := t.src_region(rank)) is None
+           else mc.shard_of(sd[n], g).t().contiguous().t() if sd[n].ndim == 2
+           else mc.shard_of(sd[n], g) for n, t in tasks.items()]
     outs = mc.reshard_many(ins, plans, timeout=60)
     for (name, t), out in zip(tasks.items(), outs):
-        box = t.dst_box(rank)
-        if (box is None) != (out is None) or (out is not None and not _same(out, sd[name][box])):
+        region = t.dst_region(rank)
+        if (region is None) != (out is None) or (
+                out is not None and not _same(out, mc.shard_of(sd[name], region))):
             failures.append(f"reshard_many: {name} wrong on rank {rank}")
 
     # 4. a DTensor state dict

@@ -201,6 +201,7 @@ def test_gpt_mapping_and_layouts_agree_with_the_tensor_parallel_block_at_any_deg
     """Trainer: 2 pipeline stages x tensor parallel 2 (ranks 0-3); engine: tensor parallel 4
     (ranks 4-7) under vLLM-style names. Every engine shard equals the one
     :class:`TensorParallelBlock` cuts from the model at degree 4 (c_attn: [q_r; k_r; v_r])."""
+    from meshcast.interop.weights import gpt_stage_of, tensor_parallel_layout
     from meshcast.models.gpt import GPT, GPTConfig, TensorParallelBlock, split_layers
 
     config = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=4, n_embd=16)
@@ -210,15 +211,12 @@ def test_gpt_mapping_and_layouts_agree_with_the_tensor_parallel_block_at_any_deg
     layers = split_layers(config.n_layer, 2)
 
     def stage(name: str) -> mc.Mesh:
-        from meshcast.interop.weights import gpt_stage_of
-
         return stages[gpt_stage_of(name, layers)]
 
-    trainer = {n: (v.shape, "float32", mc.gpt_tensor_parallel_layout(n, v.shape, stage(n)))
+    trainer = {n: (v.shape, "float32", tensor_parallel_layout(n, stage(n), v.shape))
                for n, v in sd.items()}
     mapping = mc.gpt_mapping(config.n_layer, prefix="transformer.")
-    engine = {e: (sd[t].shape, "float32", mc.gpt_tensor_parallel_layout(t, sd[t].shape,
-                                                                          engine_tp))
+    engine = {e: (sd[t].shape, "float32", tensor_parallel_layout(t, engine_tp, sd[t].shape))
               for e, t in mapping.items()}
     got = {}
     for piece in mc.map_weights(trainer, engine, mapping):

@@ -115,6 +115,7 @@ _RUNTIME_EXPORTS = frozenset(
         "reshard",
         "reshard_many",
         "scales_of",
+        "shard_of",
         "transfer_stats",
     }
 )
@@ -122,7 +123,7 @@ _RUNTIME_EXPORTS = frozenset(
 
 # DTensor and whole-model resharding (meshcast.interop) import torch too.
 _INTEROP_EXPORTS = frozenset(
-    {"REDUCTIONS", "gpt_mapping", "gpt_tensor_parallel_layout", "layout_from_dtensor",
+    {"REDUCTIONS", "gpt_mapping", "layout_from_dtensor",
      "llama_mapping", "reshard_dtensor", "reshard_state_dict"})
 
 

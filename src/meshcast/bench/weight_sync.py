@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cluster import nic_tx_bytes
-from ..core.boxes import box_shape
+from ..core.region import Region
 from ..estimate.lower_bound import joint_lower_bound
 
 __all__ = ["INFERENCE_RANKS", "METHODS", "N_HEAD", "build", "joint_lower_bound", "summarise",
@@ -52,6 +52,19 @@ def build(cfg: dict[str, int]):
     tasks = gpt_weight_tasks(params, [Mesh([0, 1]), Mesh([2, 3])],
                              split_layers(config.n_layer, 2), Mesh(list(INFERENCE_RANKS)))
     return sd, tasks
+
+
+def _shard(full: Any, region: Region) -> Any:
+    """:func:`meshcast.shard_of` (imported when first used: this module loads without torch)."""
+    from ..runtime.tensors import shard_of as take
+
+    return take(full, region)
+
+
+def _place(full: Any, shard: Any, region: Region) -> None:
+    """Write ``shard`` (a rank's local tensor of ``region``) into the whole tensor ``full``."""
+    for box, local in region.boxes():
+        full[box] = shard[local]
 
 
 def _status(field: str) -> int:
@@ -95,21 +108,21 @@ class _Syncs:
             if rank == 0:
                 works = []
                 for r in self.src_of[name]:
-                    box = task.src_box(r)
+                    region = task.src_region(r)
                     if r == 0:
-                        full[box] = local[name]
+                        _place(full, local[name], region)
                     else:
-                        buf = torch.empty(box_shape(box), dtype=full.dtype)
-                        works.append((dist.irecv(buf, src=r), box, buf))
-                for w, box, buf in works:
+                        buf = torch.empty(region.shape, dtype=full.dtype)
+                        works.append((dist.irecv(buf, src=r), region, buf))
+                for w, region, buf in works:
                     w.wait()
-                    full[box] = buf
+                    _place(full, buf, region)
             elif name in local:
                 dist.send(local[name].contiguous(), dst=0)
             if full is not None:
                 dist.broadcast(full, src=0, group=self.bcast_group)
                 if rank in infer:
-                    out[name] = full[task.dst_box(rank)].clone()
+                    out[name] = _shard(full, task.dst_region(rank)).clone()
         return out
 
     def full_tensor(self) -> dict:
@@ -121,30 +134,30 @@ class _Syncs:
         for name, task in self.tasks.items():
             ranks = self.src_of[name]
             if rank in ranks:
-                parts = [torch.empty(box_shape(task.src_box(r)), dtype=local[name].dtype)
+                parts = [torch.empty(task.src_region(r).shape, dtype=local[name].dtype)
                          for r in ranks]
                 dist.all_gather(parts, local[name].contiguous(),
                                 group=self.stage_groups[tuple(ranks)])
                 full = torch.empty(task.shape, dtype=parts[0].dtype)
                 for r, p in zip(ranks, parts):
-                    full[task.src_box(r)] = p
+                    _place(full, p, task.src_region(r))
                 if rank == ranks[0]:
                     for w in [dist.isend(full, dst=r) for r in INFERENCE_RANKS]:
                         w.wait()
             elif rank in INFERENCE_RANKS:
                 full = torch.empty(task.shape, dtype=getattr(torch, task.dtype))
                 dist.recv(full, src=ranks[0])
-                out[name] = full[task.dst_box(rank)].clone()
+                out[name] = _shard(full, task.dst_region(rank)).clone()
         return out
 
 
 def weights_worker(rank: int, method: str, cfg: dict[str, int], reps: int) -> dict[str, Any]:
     """One rank of one method's job: returns its times, peak memory, NIC bytes and check."""
     sd, tasks = build(cfg)
-    local = {n: sd[n][t.src_box(rank)].clone() for n, t in tasks.items()
-             if t.src_box(rank) is not None}
-    expect = {n: sd[n][t.dst_box(rank)].clone() for n, t in tasks.items()
-              if t.dst_box(rank) is not None}
+    local = {n: _shard(sd[n], t.src_region(rank)).clone() for n, t in tasks.items()
+             if t.src_region(rank) is not None}
+    expect = {n: _shard(sd[n], t.dst_region(rank)).clone() for n, t in tasks.items()
+              if t.dst_region(rank) is not None}
     nbytes = sum(sd[n].numel() * sd[n].element_size() for n in tasks)
     del sd
     gc.collect()

@@ -11,7 +11,7 @@ running them (``reshard_many``) is :mod:`meshcast.runtime.many`.
 
 from .dtensor import REDUCTIONS, layout_from_dtensor, reshard_dtensor
 from .state_dict import reshard_state_dict
-from .weight_names import gpt_mapping, gpt_tensor_parallel_layout, llama_mapping
+from .weight_names import gpt_mapping, llama_mapping
 
-__all__ = ["REDUCTIONS", "gpt_mapping", "gpt_tensor_parallel_layout", "layout_from_dtensor",
+__all__ = ["REDUCTIONS", "gpt_mapping", "layout_from_dtensor",
            "llama_mapping", "reshard_dtensor", "reshard_state_dict"]

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..core.layout import Layout
-from ..core.mesh import Mesh
 from ..core.names import Fuse, Rule, Stack
-from .weights import tensor_parallel_layout
 
-__all__ = ["gpt_mapping", "gpt_tensor_parallel_layout", "llama_mapping"]
+__all__ = ["gpt_mapping", "llama_mapping"]
 
 
 def _attention(p: str, bias: bool, qk_norm: bool) -> dict[str, Rule]:
@@ -89,22 +86,9 @@ def gpt_mapping(n_layer: int, *, prefix: str = "", bias: bool = True) -> dict[st
     """The mapping of :class:`meshcast.models.gpt.GPT`'s names (in its order) to the same names
     with ``prefix`` (vLLM's GPT-2 names use ``"transformer."``; the head keeps its name).
     ``c_attn`` is already fused ``[q; k; v]`` in the GPT itself; give both sides its layout with
-    :func:`gpt_tensor_parallel_layout`."""
+    :func:`meshcast.interop.weights.tensor_parallel_layout`."""
     layer = [n for n in _GPT_LAYER if bias or not n.endswith(".bias")]
     names = ["wte.weight", "wpe.weight",
              *(f"h.{i}.{n}" for i in range(n_layer) for n in layer),
              "ln_f.weight", *(["ln_f.bias"] if bias else []), "lm_head.weight"]
     return {(n if n == "lm_head.weight" else prefix + n): n for n in names}
-
-
-def gpt_tensor_parallel_layout(name: str, shape: tuple[int, ...], tp_mesh: Mesh) -> Layout:
-    """The layout of GPT parameter ``name`` under :class:`meshcast.models.gpt.
-    TensorParallelBlock`'s tensor parallelism, as a tensor of the GPT's own (unsplit) order:
-    ``c_attn`` rows are ``[q; k; v]`` and rank ``r`` holds ``[q_r; k_r; v_r]``, the fused layout
-    ``{q=C:S0+k=C:S0+v=C:S0}``, so any two tensor-parallel degrees reshard exactly; every other
-    parameter as :func:`meshcast.interop.weights.tensor_parallel_layout`."""
-    if name.endswith(("attn.c_attn.weight", "attn.c_attn.bias")):
-        c = shape[0] // 3
-        fused = "{" + "+".join(f"{x}={c}:S0" for x in "qkv") + "}"
-        return Layout(tp_mesh, fused + "R" * (len(shape) - 1))
-    return tensor_parallel_layout(name, tp_mesh)

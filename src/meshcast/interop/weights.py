@@ -1,7 +1,8 @@
 """Layouts of a GPT-style model's weights under pipeline x tensor parallelism (numpy only).
 
 Megatron-style tensor parallelism, per parameter name of :class:`meshcast.models.gpt.GPT`:
-column-parallel linears (``attn.c_attn``, ``mlp.c_fc``) shard their weight and bias along dim 0,
+column-parallel linears (``attn.c_attn``, ``mlp.c_fc``) shard their weight and bias along dim 0
+(``c_attn`` each of its q, k and v parts: a fused layout),
 row-parallel linears (``attn.c_proj``, ``mlp.c_proj``) shard their weight along dim 1 and
 replicate their bias, the token embedding and the head are vocabulary-parallel (dim 0), layer
 norms and the position embedding are replicated. Pipeline stages hold contiguous blocks of layers;
@@ -19,15 +20,31 @@ from ..core.task import ReshardTask
 
 __all__ = ["gpt_stage_of", "gpt_weight_tasks", "tensor_parallel_layout"]
 
-_COLUMN = ("attn.c_attn.weight", "attn.c_attn.bias", "mlp.c_fc.weight", "mlp.c_fc.bias")
+_FUSED_QKV = ("attn.c_attn.weight", "attn.c_attn.bias")
+_COLUMN = ("mlp.c_fc.weight", "mlp.c_fc.bias")
 _ROW = ("attn.c_proj.weight", "mlp.c_proj.weight")
 _VOCAB = ("wte.weight", "lm_head.weight")
 
 
-def tensor_parallel_layout(name: str, tp_mesh: Mesh) -> Layout:
-    """The Megatron-style layout of parameter ``name`` over the 1-D tensor-parallel ``tp_mesh``."""
+def tensor_parallel_layout(name: str, tp_mesh: Mesh,
+                           shape: Sequence[int] | None = None) -> Layout:
+    """The layout of GPT parameter ``name`` under Megatron-style tensor parallelism over the
+    1-D ``tp_mesh``, as :class:`meshcast.models.gpt.TensorParallelBlock` holds it.
+
+    ``attn.c_attn`` (rows ``[q; k; v]``) is fused: rank ``r`` holds ``[q_r; k_r; v_r]``, the
+    layout ``{q=C:S0+k=C:S0+v=C:S0}`` of the whole tensor, so it needs ``shape`` (a plain
+    ``Shard(0)`` would give rank ``r`` rows of the wrong heads whenever the two tensor-parallel
+    degrees differ)."""
     if tp_mesh.ndim != 1:
         raise ValueError(f"tp_mesh must be 1-D (one tensor-parallel group), got {tp_mesh!r}")
+    if name.endswith(_FUSED_QKV):
+        if shape is None:
+            raise ValueError(
+                f"parameter {name!r}: its layout needs its shape (each tensor-parallel rank "
+                "holds its own rows of q, k and v, a fused layout of the whole tensor)")
+        c = shape[0] // 3
+        return Layout(tp_mesh, "{" + "+".join(f"{x}={c}:S0" for x in "qkv") + "}"
+                      + "R" * (len(shape) - 1))
     if name.endswith(_COLUMN) or name in _VOCAB:
         return Layout(tp_mesh, [Shard(0)])
     if name.endswith(_ROW):
@@ -71,7 +88,7 @@ def gpt_weight_tasks(
     for name, (shape, dtype) in params.items():
         stage = train_stages[gpt_stage_of(name, layer_ranges)]
         out[name] = ReshardTask(
-            shape, dtype, tensor_parallel_layout(name, stage),
-            tensor_parallel_layout(name, infer_mesh),
+            shape, dtype, tensor_parallel_layout(name, stage, shape),
+            tensor_parallel_layout(name, infer_mesh, shape),
         )
     return out

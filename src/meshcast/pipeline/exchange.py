@@ -10,13 +10,12 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..core.region import Region
-from ..runtime import reshard
+from ..runtime import reshard, shard_of
 from .graph import TensorEdge
 from .step_state import Slot, StepAbort
 from .transfers import Transfer, describe
 
-__all__ = ["BoundaryExchange", "shard_of"]
+__all__ = ["BoundaryExchange"]
 
 SlotKey = tuple[str, str, int, int]
 """(kind, edge name, sending stage of the edge, microbatch)."""
@@ -111,23 +110,6 @@ class BoundaryExchange:
             self._standins[key] = torch.randn(edge.shape, generator=g).to(
                 getattr(torch, edge.dtype))
         return self._standins[key]
-
-
-def shard_of(full: torch.Tensor, region: Region) -> torch.Tensor:
-    """The elements of ``full`` (a whole tensor) that ``region`` holds, in its local order: a
-    view for one box; a region of several boxes (strided or fused layouts) is gathered one
-    dimension at a time, each dimension of several runs copied once."""
-    box = region.box
-    if box is not None:
-        return full[box]
-    out = full
-    for d, runs in enumerate(region.runs):
-        if len(runs) == 1:
-            out = out.narrow(d, runs[0][0], runs[0][1] - runs[0][0])
-        else:
-            out = torch.cat([out.narrow(d, a, b - a) for a, b in runs] or [out.narrow(d, 0, 0)],
-                            dim=d)
-    return out
 
 
 def _key(t: Transfer) -> SlotKey:

@@ -8,6 +8,8 @@
 - :func:`detect_topology` reads which host each rank is on (detect.py);
 - :func:`quantize_shard` and :func:`combine_amax` convert shards to FP8 on the sending side,
   exactly as the whole tensor (convert.py);
+- :func:`shard_of` takes a rank's shard (a region of one or several boxes) of a whole tensor
+  (tensors.py);
 - :func:`transfer_stats` returns the byte counters the runtime fills as it sends (stats.py).
 """
 
@@ -19,6 +21,7 @@ from .groups import group_cache
 from .launch import LaunchError, launch
 from .many import ManyStats, last_many_stats, reshard_many
 from .stats import TransferStats, reset_transfer_stats, transfer_stats
+from .tensors import shard_of
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -40,5 +43,6 @@ __all__ = [
     "reshard",
     "reshard_many",
     "scales_of",
+    "shard_of",
     "transfer_stats",
 ]

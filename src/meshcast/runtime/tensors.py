@@ -23,6 +23,7 @@ __all__ = [
     "check_local",
     "check_out",
     "empty_out",
+    "shard_of",
     "torch_dtype",
 ]
 
@@ -160,3 +161,20 @@ def _unsupported_kind(t: torch.Tensor) -> str | None:
     if t.device.type == "meta":
         return "a meta tensor (it has no data)"
     return None
+
+
+def shard_of(full: torch.Tensor, region: Region) -> torch.Tensor:
+    """The elements of ``full`` (a whole tensor) that ``region`` holds, in its local order: a
+    view for one box; a region of several boxes (strided or fused layouts) is gathered one
+    dimension at a time, each dimension of several runs copied once."""
+    box = region.box
+    if box is not None:
+        return full[box]
+    out = full
+    for d, runs in enumerate(region.runs):
+        if len(runs) == 1:
+            out = out.narrow(d, runs[0][0], runs[0][1] - runs[0][0])
+        else:
+            out = torch.cat([out.narrow(d, a, b - a) for a, b in runs] or [out.narrow(d, 0, 0)],
+                            dim=d)
+    return out
