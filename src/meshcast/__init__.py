@@ -86,10 +86,13 @@ __version__ = "0.1.0"
 # The runtime imports torch, so its names load on first use: `import meshcast` stays numpy-only.
 _RUNTIME_EXPORTS = frozenset(
     {
+        "JointGroup",
         "LaunchError",
         "ReshardError",
         "TransferStats",
+        "connect",
         "detect_topology",
+        "disconnect",
         "launch",
         "reset_transfer_stats",
         "reshard",
@@ -101,7 +104,8 @@ _RUNTIME_EXPORTS = frozenset(
 
 # DTensor and whole-model resharding (meshcast.interop) import torch too.
 _INTEROP_EXPORTS = frozenset(
-    {"REDUCTIONS", "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"})
+    {"REDUCTIONS", "ParamSpec", "SyncResult", "WeightSync", "WeightSyncError",
+     "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"})
 
 
 def __getattr__(name: str):

@@ -2,7 +2,8 @@
 
 - :mod:`.dtensor`: ``layout_from_dtensor`` and :func:`reshard_dtensor`;
 - :mod:`.state_dict`: :func:`reshard_state_dict`, a whole model in one call;
-- :mod:`.weights`: ready layouts of the project's GPT model for weight sync.
+- :mod:`.weights`: ready layouts of the project's GPT model for weight sync;
+- :mod:`.weight_sync`: :class:`WeightSync`, trainer -> engine every step between two jobs.
 
 Planning many tensors at once (``plan_many``) is :mod:`meshcast.planning.many` (numpy only);
 running them (``reshard_many``) is :mod:`meshcast.runtime.many`.
@@ -10,5 +11,8 @@ running them (``reshard_many``) is :mod:`meshcast.runtime.many`.
 
 from .dtensor import REDUCTIONS, layout_from_dtensor, reshard_dtensor
 from .state_dict import reshard_state_dict
+from .sync_spec import ParamSpec
+from .weight_sync import SyncResult, WeightSync, WeightSyncError
 
-__all__ = ["REDUCTIONS", "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"]
+__all__ = ["REDUCTIONS", "ParamSpec", "SyncResult", "WeightSync", "WeightSyncError",
+           "layout_from_dtensor", "reshard_dtensor", "reshard_state_dict"]

@@ -28,6 +28,7 @@ from .agree import agree
 from .board import Call, next_step
 from .detect import real_host_map
 from .execute import DEFAULT_TIMEOUT, finish_call, pick_device, plan_digest, publish_refusal
+from .joint import JointGroup, group_rank, group_size, to_global_of
 from .p2p import Failures, Links, PeerFault
 from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
 
@@ -71,7 +72,8 @@ def _msg_size(segs: Sequence[Segment]) -> int:
     return sum(_padded(s.nbytes) for s in segs[:-1]) + segs[-1].nbytes
 
 
-def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: object) -> None:
+def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: object,
+                     joint: bool = False) -> None:
     if len(tensors) != len(plans):
         raise ValueError(
             f"tensors has {len(tensors)} entries but plans has {len(plans)}: give one plan per "
@@ -88,16 +90,17 @@ def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: 
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if not dist.is_available() or not dist.is_initialized():
+    if not joint and (not dist.is_available() or not dist.is_initialized()):
         raise RuntimeError(
             "meshcast.reshard_many needs torch.distributed: call init_process_group first "
             "(or run under meshcast.launch / torchrun)"
         )
 
 
-def _device(tensors: list, device: torch.device | str | None) -> torch.device:
+def _device(tensors: list, device: torch.device | str | None, group: object) -> torch.device:
     first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
-    return pick_device(first, str(dist.get_backend()), device)
+    backend = "gloo" if isinstance(group, JointGroup) else str(dist.get_backend(group))
+    return pick_device(first, backend, device)
 
 
 def reshard_many(
@@ -109,10 +112,13 @@ def reshard_many(
     device: torch.device | str | None = None,
     names: Sequence[str] | None = None,
     out: Sequence[torch.Tensor | None] | None = None,
+    group: dist.ProcessGroup | JointGroup | None = None,
 ) -> list[torch.Tensor | None]:
     """Run ``plans[k]`` on ``tensors[k]`` for every k, together; return the destination shards.
 
-    Call it on every rank of the default process group that any plan involves, with the same
+    Call it on every rank of the default process group (or of ``group``: a process group, whose
+    ranks are then the plan ranks, or a :class:`~meshcast.runtime.joint.JointGroup` of two jobs
+    from :func:`meshcast.connect`, whose joint ranks are) that any plan involves, with the same
     plans in the same order (plan ranks are global ranks). ``tensors[k]`` is this rank's source
     shard of tensor k (any strides, any dtype torch has; None where it holds none). The result has
     one entry per tensor: this rank's destination shard, or None. Ranks outside every plan get a
@@ -130,7 +136,7 @@ def reshard_many(
     shard (:func:`meshcast.fused_part_index`); checked like ``tensors[k]``.
     """
     return run_many(tensors, plans, bucket_bytes=bucket_bytes, timeout=timeout, device=device,
-                    names=names, out=out)
+                    names=names, out=out, group=group)
 
 
 def run_many(
@@ -143,39 +149,39 @@ def run_many(
     names: Sequence[str] | None = None,
     errors: Sequence[str] = (),
     out: Sequence[torch.Tensor | None] | None = None,
+    group: dist.ProcessGroup | JointGroup | None = None,
+    caller: str = "meshcast.reshard_many",
 ) -> list[torch.Tensor | None]:
     """:func:`reshard_many`, with ``errors`` this rank found in its inputs before (messages that
     name the tensor and the rule, as the state-dict integration finds them): the first is raised
-    on every rank of the plans as an input error, through the same agreement."""
+    on every rank of the plans as an input error, through the same agreement. ``caller`` names
+    the function the user called in every error."""
     plans, tensors = list(plans), list(tensors)
     outs = [None] * len(plans) if out is None else list(out)
     try:
-        _check_arguments(tensors, plans, bucket_bytes, timeout)
+        _check_arguments(tensors, plans, bucket_bytes, timeout, isinstance(group, JointGroup))
         if len(outs) != len(plans):
             raise ValueError(f"out has {len(outs)} entries but plans has {len(plans)}: give one "
                              f"tensor or None per plan")
         schedule = build_schedule(plans, bucket_bytes)
         ranks = schedule.ranks
-        if ranks and ranks[-1] >= dist.get_world_size():
+        if ranks and ranks[-1] >= group_size(group):
             raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has "
-                             f"{dist.get_world_size()} ranks")
+                             f"{group_size(group)} ranks")
     except (TypeError, ValueError) as exc:
-        publish_refusal(None, exc)
+        publish_refusal(group, exc)
         raise
     label = [names[k] if names is not None else f"tensors[{k}]" for k in range(len(plans))]
-    me = dist.get_rank()
+    me = group_rank(group)
     errors = list(errors)
+    where = dist.group.WORLD if group is None else group
     if me not in ranks:
-        _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me)
+        _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me,
+                 where, caller)
         return [None] * len(plans)
     call, dev = _join(tensors, outs, plans, ranks, me, errors, label, bucket_bytes, timeout,
-                      device)
-    host_of: dict[int, int] = {}
-    for p in plans:
-        for r, h in p.topology.hosts_by_rank.items():
-            host_of.setdefault(r, h)
-    host_of = real_host_map(ranks, host_of)  # the byte counters count by the real hosts
-    links = Links(dist.group.WORLD, me, lambda r: r, host_of, float(timeout))
+                      device, where, caller)
+    links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group), float(timeout))
     failures = Failures(call, float(timeout))
     run = _Exchange(plans, schedule, me, tensors, outs, dev, links, failures)
     run.run()
@@ -185,25 +191,37 @@ def run_many(
             for o, p, given in zip(run.outs, plans, outs)]
 
 
-def _outside(tensors: list, errors: list[str], label: list[str], me: int) -> None:
+def _hosts(plans: list[Plan], ranks: Sequence[int], group: object) -> dict[int, int]:
+    """``{plan rank: host}`` for the byte counters: the real hosts where known."""
+    if isinstance(group, JointGroup):  # gathered by meshcast.connect
+        return {r: group.topology.host_of(r) for r in ranks}
+    host_of: dict[int, int] = {}
+    for p in plans:
+        for r, h in p.topology.hosts_by_rank.items():
+            host_of.setdefault(r, h)
+    return real_host_map(ranks, host_of, to_global_of(group))
+
+
+def _outside(tensors: list, errors: list[str], label: list[str], me: int, where: object,
+             caller: str) -> None:
     """A rank outside every plan: refuse what it was given, else take its step and go."""
     if errors:
-        raise ValueError(f"meshcast.reshard_many on rank {me}: {errors[0]}")
+        raise ValueError(f"{caller} on rank {me}: {errors[0]}")
     for k, t in enumerate(tensors):
         if t is not None:
             raise ValueError(f"{label[k]} must be None on rank {me}: no plan involves this rank")
-    next_step(dist.group.WORLD)
+    next_step(where)
     _last.put("last", ManyStats())
 
 
 def _join(
     tensors: list, outs: list, plans: list[Plan], ranks: Sequence[int], me: int,
     errors: list[str], label: list[str], bucket_bytes: int, timeout: float,
-    device: torch.device | str | None,
+    device: torch.device | str | None, where: object, caller: str,
 ) -> tuple[Call, torch.device]:
     """Check this rank's shards and agree with the plans' ranks (raises on every rank if any
     rank cannot go ahead); the call and the results' device."""
-    dev = _device(tensors + outs, device)
+    dev = _device(tensors + outs, device, None if where is dist.group.WORLD else where)
     for k, (t, o) in enumerate(zip(tensors, outs)):
         task = plans[k].task
         why = check_local(t, task.src_region(me), task, me, torch_dtype(task.dtype), dev)
@@ -213,7 +231,7 @@ def _join(
         if why is not None:
             errors.append(f"out[{k}] ({label[k]}) {why}")
     digest = _plans_digest(plans, bucket_bytes)
-    call = Call(dist.group.WORLD, ranks, me, "meshcast.reshard_many", float(timeout), digest)
+    call = Call(where, ranks, me, caller, float(timeout), digest)
     error = None
     if errors:
         error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
