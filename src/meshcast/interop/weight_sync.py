@@ -133,8 +133,13 @@ class WeightSync:
                               f"{self.group.rank}, which holds part of it")
                 shards.append(None)
                 continue
-            shards.append(self.convert(route.source, shard, _dtype(task)))
+            shards.append(self._maker(route.source, shard, _dtype(task)))
         return self._run(shards, [None] * len(shards), errors, version, "push")[0]
+
+    def _maker(self, name: str, shard: torch.Tensor, dtype: torch.dtype):
+        """The shard converted to the wire's dtype when the transfer first needs it (so the
+        conversion of the next bucket overlaps the transfer of the current one)."""
+        return lambda: self.convert(name, shard, dtype)
 
     def receive(self, params: Mapping[str, Any] | None = None) -> SyncResult:
         """Engine ranks: receive the next version into ``params`` (``{engine name: DTensor or
@@ -182,7 +187,7 @@ class WeightSync:
         try:
             results = run_many(shards, self.plans, bucket_bytes=self.bucket_bytes,
                                timeout=self.timeout, names=self.names, errors=errors, out=outs,
-                               group=self.group, caller=caller)
+                               group=self.group, caller=caller, overlap=True)
         except ValueError as exc:  # refused on every rank before anything moved
             raise ValueError(f"{exc} (the engine's parameters keep version "
                              f"{self.version})") from None

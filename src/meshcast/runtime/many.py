@@ -16,41 +16,23 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from ..core.cache import BoundedCache
 from ..core.plan import Plan
-from ..planning.many import DEFAULT_BUCKET_BYTES, Schedule, Segment, build_schedule
+from ..planning.many import DEFAULT_BUCKET_BYTES, build_schedule
 from .agree import agree
 from .board import Call, next_step
 from .detect import real_host_map
+from .exchange import Exchange, ManyStats, is_maker
 from .execute import DEFAULT_TIMEOUT, finish_call, pick_device, plan_digest, publish_refusal
 from .joint import JointGroup, group_rank, group_size, to_global_of
-from .p2p import Failures, Links, PeerFault
-from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
+from .p2p import Failures, Links
+from .tensors import check_local, check_out, torch_dtype
 
 __all__ = ["ManyStats", "last_many_stats", "reshard_many", "run_many"]
-
-_ALIGN = 16
-_TAG_BASE = 1 << 20  # away from the small tags meshcast.reshard uses (its op indices)
-
-
-@dataclass
-class ManyStats:
-    """What the last :func:`reshard_many` call did on this rank."""
-
-    buckets: int = 0
-    phases: int = 0
-    messages_sent: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    peak_staging_bytes: int = 0
-    zero_copy_messages: int = 0
-    per_bucket_staging: list[int] = field(default_factory=list)
-
 
 _last: BoundedCache[str, ManyStats] = BoundedCache(
     "runtime.last_many_stats", 1, "the counters of this process's last reshard_many call")
@@ -60,16 +42,6 @@ def last_many_stats() -> ManyStats:
     """Counters of this process's last :func:`reshard_many` call (empty ones before any, or
     after :func:`meshcast.clear_caches`)."""
     return _last.get("last") or ManyStats()
-
-
-def _padded(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
-
-
-def _msg_size(segs: Sequence[Segment]) -> int:
-    """Bytes of a packed message: segments start at multiples of 16, the last is not padded (so a
-    one-segment message has the same size packed or not)."""
-    return sum(_padded(s.nbytes) for s in segs[:-1]) + segs[-1].nbytes
 
 
 def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: object,
@@ -151,11 +123,14 @@ def run_many(
     out: Sequence[torch.Tensor | None] | None = None,
     group: dist.ProcessGroup | JointGroup | None = None,
     caller: str = "meshcast.reshard_many",
+    overlap: bool = False,
 ) -> list[torch.Tensor | None]:
     """:func:`reshard_many`, with ``errors`` this rank found in its inputs before (messages that
     name the tensor and the rule, as the state-dict integration finds them): the first is raised
     on every rank of the plans as an input error, through the same agreement. ``caller`` names
-    the function the user called in every error."""
+    the function the user called in every error. ``tensors[k]`` may be a function making the
+    source on demand, and ``overlap`` packs the next phase while the current one's sends are in
+    flight (exchange.py; the schedule is then cut at half of ``bucket_bytes``)."""
     plans, tensors = list(plans), list(tensors)
     outs = [None] * len(plans) if out is None else list(out)
     try:
@@ -163,7 +138,7 @@ def run_many(
         if len(outs) != len(plans):
             raise ValueError(f"out has {len(outs)} entries but plans has {len(plans)}: give one "
                              f"tensor or None per plan")
-        schedule = build_schedule(plans, bucket_bytes)
+        schedule = build_schedule(plans, max(1, bucket_bytes // 2) if overlap else bucket_bytes)
         ranks = schedule.ranks
         if ranks and ranks[-1] >= group_size(group):
             raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has "
@@ -183,7 +158,7 @@ def run_many(
                       device, where, caller)
     links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group), float(timeout))
     failures = Failures(call, float(timeout))
-    run = _Exchange(plans, schedule, me, tensors, outs, dev, links, failures)
+    run = Exchange(plans, schedule, me, tensors, outs, dev, links, failures, overlap, label)
     run.run()
     finish_call(call, failures)
     _last.put("last", run.stats)
@@ -224,7 +199,8 @@ def _join(
     dev = _device(tensors + outs, device, None if where is dist.group.WORLD else where)
     for k, (t, o) in enumerate(zip(tensors, outs)):
         task = plans[k].task
-        why = check_local(t, task.src_region(me), task, me, torch_dtype(task.dtype), dev)
+        why = None if is_maker(t) else check_local(t, task.src_region(me), task, me,
+                                                     torch_dtype(task.dtype), dev)
         if why is not None:
             errors.append(f"{label[k]} {why}")
         why = check_out(o, task.dst_region(me), task, me, torch_dtype(task.dtype), dev)
@@ -249,117 +225,3 @@ def _plans_digest(plans: Sequence[Plan], bucket_bytes: int) -> str:
     for p in plans:
         h.update(plan_digest(p).encode())
     return h.hexdigest()[:16]
-
-
-class _Exchange:
-    """This rank's part of a schedule on carrier tensors (runtime/tensors.py)."""
-
-    def __init__(self, plans: list[Plan], schedule: Schedule, me: int, tensors: list, outs: list,
-                 dev: torch.device, links: Links, failures: Failures) -> None:
-        self.schedule, self.me, self.dev = schedule, me, dev
-        self.links, self.failures = links, failures
-        self.src_regions = [p.task.src_region(me) for p in plans]
-        self.dst_regions = [p.task.dst_region(me) for p in plans]
-        self.srcs = [None if t is None else as_carrier(t) for t in tensors]
-        self.outs: list[torch.Tensor | None] = [
-            as_carrier(o) if o is not None else None if b is None
-            else empty_out(b, p.task.itemsize, dev)
-            for p, b, o in zip(plans, self.dst_regions, outs)
-        ]
-        self.stats = ManyStats(buckets=len(schedule.buckets))
-
-    def view(self, seg: Segment, side: str) -> torch.Tensor:
-        if side == "src" and not seg.from_out:
-            return self.srcs[seg.tensor][self.src_regions[seg.tensor].local(seg.box)]
-        return self.outs[seg.tensor][self.dst_regions[seg.tensor].local(seg.box)]
-
-    def run(self) -> None:
-        for k, box in self.schedule.copies_of(self.me):
-            self.outs[k][self.dst_regions[k].local(box)].copy_(
-                self.srcs[k][self.src_regions[k].local(box)])
-        tag = _TAG_BASE
-        for bucket in self.schedule.buckets:
-            for phase in bucket:
-                tag += 1
-                sends, recvs = phase.sends_of(self.me), phase.recvs_of(self.me)
-                if not sends and not recvs:
-                    continue
-                self.stats.phases += 1
-                what = f"bucket {len(self.stats.per_bucket_staging)} (tag {tag})"
-                try:
-                    self._phase(sends, recvs, tag, what)
-                except Exception as exc:  # a bug or a resource error: the others still finish
-                    self.failures.error(what, exc)
-            self.stats.per_bucket_staging.append(self.stats.peak_staging_bytes)
-
-    def _phase(self, sends: list, recvs: list, tag: int, what: str) -> None:
-        """Post, complete and unpack one phase's messages."""
-        posted_recvs = []
-        for peer, segs in recvs:
-            if self.failures.closed(peer):
-                continue
-            try:
-                posted_recvs.append(self._post_recv(peer, segs, tag, what))
-            except PeerFault as fault:
-                self.failures.peer(fault)
-        posted_sends = []
-        for peer, segs in sends:
-            if not self.failures.sendable(peer):
-                continue
-            try:
-                posted_sends.append(self._post_send(peer, segs, tag, what))
-            except PeerFault as fault:
-                self.failures.peer(fault)
-        staged = sum(b.numel() for _, _, b, _ in posted_recvs if b is not None)
-        staged += sum(b.numel() for _, _, b, _ in posted_sends if b is not None)
-        self.stats.peak_staging_bytes = max(self.stats.peak_staging_bytes, staged)
-        for peer, segs, buf, w in posted_recvs:
-            try:
-                self.links.wait(w, peer, f"{what}: a receive from rank {peer}")
-            except PeerFault as fault:
-                self.failures.peer(fault)
-                continue
-            if buf is not None and not self.failures.degraded.is_set():
-                self._unpack(segs, buf)
-        for peer, _, _, w in posted_sends:
-            try:
-                self.links.wait(w, peer, f"{what}: a send to rank {peer}")
-            except PeerFault as fault:
-                self.failures.peer(fault)
-
-    def _post_recv(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> tuple:
-        stats = self.stats
-        stats.bytes_received += sum(s.nbytes for s in segs)
-        if len(segs) == 1:
-            v = self.view(segs[0], "dst")
-            if v.is_contiguous():
-                stats.zero_copy_messages += 1
-                return peer, segs, None, self.links.irecv(v, peer, tag, what)
-        buf = torch.empty(_msg_size(segs), dtype=torch.uint8, device=self.dev)
-        return peer, segs, buf, self.links.irecv(buf, peer, tag, what)
-
-    def _post_send(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> tuple:
-        if self.failures.degraded.is_set():
-            return peer, segs, None, self.links.stub(peer, tag, what)
-        staged = None
-        if len(segs) == 1 and self.view(segs[0], "src").is_contiguous():
-            buf = self.view(segs[0], "src")
-            self.stats.zero_copy_messages += 1
-        else:
-            buf = staged = torch.empty(_msg_size(segs), dtype=torch.uint8, device=self.dev)
-            off = 0
-            for s in segs:
-                src = self.view(s, "src")
-                buf[off : off + s.nbytes].view(src.dtype).view(src.shape).copy_(src)
-                off += _padded(s.nbytes)
-        nbytes = sum(s.nbytes for s in segs)
-        self.stats.messages_sent += 1
-        self.stats.bytes_sent += nbytes
-        return peer, segs, staged, self.links.isend(buf, peer, tag, what, payload=nbytes)
-
-    def _unpack(self, segs: tuple[Segment, ...], buf: torch.Tensor) -> None:
-        off = 0
-        for s in segs:
-            dst = self.view(s, "dst")
-            dst.copy_(buf[off : off + s.nbytes].view(dst.dtype).view(dst.shape))
-            off += _padded(s.nbytes)

@@ -110,13 +110,13 @@ def connect(
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     timeout = float(timeout)
-    store = _rendezvous_store(address, role == ROLES[0] and rank == 0, timeout)
     with _lock:
         number = _connects[address] = _connects.get(address, 0) + 1
     job_key = f"meshcast/connect/{address}/{number}"
+    store = None
     if rank == 0:
         try:
-            info = _meet(store, role, world_size, model, timeout)
+            store, info = _lead(address, role, world_size, model, timeout)
         except BaseException as exc:
             _tell_job(job_key, {"error": f"{type(exc).__name__}: {exc}"}, world_size)
             raise
@@ -125,7 +125,25 @@ def connect(
         info = _hear_job(job_key, timeout)
     if info.get("error"):
         raise ValueError(f"meshcast.connect ({role} rank {rank}): {info['error']}")
+    if store is None:  # only now: the leader met the other side on the store that is up now
+        store = _rendezvous_store(address, role == ROLES[0] and rank == 0, timeout)
     return _join(store, info, role, rank, timeout, address)
+
+
+def _lead(address: str, role: str, size: int, model: str,
+          timeout: float) -> tuple[dist.Store, dict]:
+    """The leader's handshake, again on a new connection when the store goes away meanwhile
+    (the store of the other side's previous incarnation, still up when this side came)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(deadline - time.monotonic(), 1.0)
+        store = _rendezvous_store(address, role == ROLES[0], left)
+        try:
+            return store, _meet(store, role, size, model, left)
+        except dist.DistNetworkError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _meet(store: dist.Store, role: str, size: int, model: str, timeout: float) -> dict:
