@@ -17,10 +17,9 @@ import socket
 import threading
 
 import pytest
+import weight_sync_jobs as jobs
 
 import meshcast as mc
-
-import weight_sync_jobs as jobs
 
 
 def _address() -> str:
@@ -66,3 +65,21 @@ def test_trainer_to_engine_syncs_fault_and_reconnect() -> None:
         assert f"meshcast.WeightSync.receive on engine rank {rank}" in message
         assert "trainer rank 1" in message
         assert "parameters keep version 2" in message
+
+
+@pytest.mark.timeout(200)
+def test_a_model_or_parameter_mismatch_is_one_clear_error_on_both_sides() -> None:
+    address, results = _address(), {}
+    threads = [_start(results, "trainer", jobs.mismatched, 1, (address, "trainer", "gpt-a")),
+               _start(results, "engine", jobs.mismatched, 1, (address, "engine", "gpt-b"))]
+    for t in threads:
+        t.join(150)
+    (trainer,), (engine,) = results["trainer"], results["engine"]
+    model = ("the sides hold different models: the trainer declared model='gpt-a', the engine "
+             "model='gpt-b'")
+    assert model in trainer[0] and model in engine[0]
+    assert trainer[0].startswith("meshcast.connect (trainer rank 0)")
+    params = ("the trainer's and the engine's parameters do not match: trainer tensors with no "
+              "engine tensor: b; engine tensors that no trainer tensor feeds: d; 'c' has shape "
+              "(4, 2) on the trainer but 'c' has (4, 4) on the engine")
+    assert trainer[1] == engine[1] == params

@@ -149,6 +149,34 @@ def _exact(local: dict, layouts: dict, rank: int, version: int | None) -> bool:
                for n, t in local.items())
 
 
+def mismatched(rank: int, address: str, role: str, model: str) -> list[str]:
+    """One rank per job: a model mismatch at connect, then a second connect whose parameter
+    descriptions disagree (names and a shape); the errors each side sees."""
+    import torch
+
+    errors = []
+    try:
+        mc.connect(address, role, model=model, timeout=60)
+    except ValueError as exc:
+        errors.append(str(exc))
+    group = mc.connect(address, role, model="same", timeout=60)
+    one = mc.Layout(mc.Mesh([0]), "RR")
+    if role == "trainer":
+        desc = {"a": mc.ParamSpec((4, 4), torch.float32, one),
+                "b": mc.ParamSpec((4, 4), torch.float32, one),
+                "c": mc.ParamSpec((4, 2), torch.float32, one)}
+    else:
+        desc = {"a": mc.ParamSpec((4, 4), torch.bfloat16, one),
+                "c": mc.ParamSpec((4, 4), torch.bfloat16, one),
+                "d": mc.ParamSpec((4, 4), torch.bfloat16, one)}
+    try:
+        mc.WeightSync(group, desc)
+    except ValueError as exc:
+        errors.append(str(exc))
+    mc.disconnect(group)
+    return errors
+
+
 def main(argv: list[str]) -> int:
     """``trainer|engine ADDRESS OUT_DIR JSON_OPTIONS`` under torchrun: write
     ``OUT_DIR/<role><incarnation>-rank<R>.json``."""

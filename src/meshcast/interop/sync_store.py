@@ -71,8 +71,9 @@ def commit(group: JointGroup, key: str, version: int | None, failure: ReshardErr
             store.compare_set(f"{key}/failed", "", json.dumps(mine))
         store.add(f"{key}/done", 1)
     except Exception as exc:
-        raise _unreachable(group, caller, exc) from failure or exc
-    if failure is not None:
+        if failure is None:
+            raise _unreachable(group, caller, exc) from exc
+    if failure is not None:  # said in the store where it could be: the others raise too
         who = group.describe(mine["failed"]) if mine["failed"] else "an unknown rank"
         raise WeightSyncError(f"{caller} on {group.role} rank {group.rank} failed ({who} failed "
                               f"first); {kept}: {failure}", tuple(mine["failed"]),

@@ -158,13 +158,15 @@ def _meet(store: dist.Store, role: str, size: int, model: str, timeout: float) -
         key = f"meshcast/joint/offer/{other}"
         if store.check([key]):
             seen = json.loads(store.get(key).decode())
+            # the other side acknowledges a pair before it offers anew: look at the pair we
+            # acknowledged once more after reading a new offer, and keep it if it was met
+            if pair and store.check([f"meshcast/joint/ack/{pair}/{other}"]):
+                break
             if theirs is None or seen["token"] != theirs["token"]:
                 theirs = seen
                 tokens = {role: token, other: seen["token"]}
                 pair = f"{tokens[ROLES[0]]}-{tokens[ROLES[1]]}"
                 store.set(f"meshcast/joint/ack/{pair}/{role}", "1")
-            if store.check([f"meshcast/joint/ack/{pair}/{other}"]):
-                break
         if time.monotonic() > deadline:
             raise ReshardError(
                 f"meshcast.connect ({role}): the {other} job did not come to the rendezvous "
