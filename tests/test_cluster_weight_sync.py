@@ -73,6 +73,8 @@ def test_two_torchrun_jobs_sync_fail_and_reconnect(cluster, tmp_path) -> None:
         assert report["exact"] == [True] * 4  # byte for byte after every sync
         assert report["kept"] == [True]  # the failed sync left version 2 whole
         assert report["same_storage"]  # received in place
+        assert report["staging_bytes"] == report["param_bytes"]  # the cost of atomicity
+        assert 0 < report["peak_bucket"] <= 16 << 10  # bucket_bytes bounds the staging
         (message, _), = report["errors"]
         assert f"meshcast.WeightSync.receive on engine rank {r}" in message
         assert "trainer rank 3" in message, message

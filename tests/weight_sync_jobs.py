@@ -132,10 +132,12 @@ def run_engine(rank: int, address: str, sessions: int, versions: int, world: int
             report["received"].append(got.version)
             report["exact"].append(_exact(local, layouts, rank, got.version))
             report["staging_bytes"] = got.staging_bytes
+            report["peak_bucket"] = max(report.get("peak_bucket", 0), got.peak_bucket_bytes)
         else:
             mc.disconnect(group)
             break
     report["same_storage"] = all(t.data_ptr() == ptrs[n] for n, t in local.items())
+    report["param_bytes"] = sum(t.numel() * t.element_size() for t in local.values())
     report["version"] = last
     assert torch.is_tensor(next(iter(local.values())))
     return report

@@ -52,11 +52,14 @@ def _cast(name: str, shard: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _local(value: Any) -> torch.Tensor | None:
+    """This rank's local tensor of ``value`` (a tensor, an ``nn.Parameter`` or a DTensor), detached
+    (the same storage)."""
     if value is None or (isinstance(value, torch.Tensor) and not hasattr(value, "to_local")):
-        return value
+        return None if value is None else value.detach()
     from .dtensor import local_source
 
-    return local_source(value)
+    local = local_source(value)
+    return None if local is None else local.detach()
 
 
 class WeightSync:
