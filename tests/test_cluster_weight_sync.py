@@ -80,3 +80,18 @@ def test_two_torchrun_jobs_sync_fail_and_reconnect(cluster, tmp_path) -> None:
         assert "trainer rank 3" in message, message
         assert "parameters keep version 2" in message
     assert not any(cluster.pids().values()), "processes left in the namespaces"
+
+
+def test_torchrun_command_of_a_job_on_some_hosts() -> None:
+    from meshcast.cluster import torchrun_command
+
+    fake = Cluster("mc-x", 4, 1.0, 0.0)  # never built: the command is plain data
+    cmd = torchrun_command(fake, 3, 2, ["serve.py"], port=29400, job_hosts=[2, 3])
+    i = cmd.index("--nnodes")
+    assert cmd[i:i + 14] == [
+        "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.213.0.3:29400",
+        "--rdzv-id", "mc-x-29400", "--rdzv-conf", "is_host=false"]
+    assert "is_host=true" in torchrun_command(fake, 2, 2, ["s.py"], port=1, job_hosts=[2, 3])
+    with pytest.raises(ValueError, match=r"host 1 is not one of the job's hosts \[2, 3\]"):
+        torchrun_command(fake, 1, 2, ["s.py"], port=1, job_hosts=[2, 3])
