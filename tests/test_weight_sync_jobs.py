@@ -8,7 +8,7 @@ trainer (4 ranks, 2 pipeline stages x tensor parallel 2). Checked: exact weights
 with changing values, received in place (no parameter moves), fp32 -> bf16 on the way; a trainer
 rank dying in the middle of a push makes every engine rank raise naming it, with the previous
 version intact; the engine connects again to a restarted trainer and goes on; a model or
-parameter mismatch is one clear error on both sides.
+parameter mismatch is one clear error on both sides; fresh tensors and ``atomic=False``.
 """
 
 from __future__ import annotations
@@ -85,3 +85,4 @@ def test_a_model_or_parameter_mismatch_is_one_clear_error_on_both_sides() -> Non
               "engine tensor: b; engine tensors that no trainer tensor feeds: d; 'c' has shape "
               "(4, 2) on the trainer but 'c' has (4, 4) on the engine")
     assert trainer[1] == engine[1] == params
+    assert engine[2:] == [[7, True], [8, True, True, 0]]  # fresh; in place, nothing staged

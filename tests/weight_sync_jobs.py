@@ -175,6 +175,20 @@ def mismatched(rank: int, address: str, role: str, model: str) -> list[str]:
         mc.WeightSync(group, desc)
     except ValueError as exc:
         errors.append(str(exc))
+    # then a good one: fresh tensors, and in place without staging (atomic=False)
+    full = torch.arange(16, dtype=torch.float32).view(4, 4) / 8
+    dtype = torch.float32 if role == "trainer" else torch.bfloat16
+    sync = mc.WeightSync(group, {"a": mc.ParamSpec((4, 4), dtype, one)}, atomic=False)
+    if role == "trainer":
+        sync.push({"a": full}, version=7)
+        sync.push({"a": full + 1}, version=8)
+    else:
+        fresh = sync.receive()
+        errors.append([fresh.version, torch.equal(fresh.tensors["a"], full.to(dtype))])
+        mine = torch.zeros(4, 4, dtype=dtype)
+        got = sync.receive({"a": mine})
+        errors.append([got.version, torch.equal(mine, (full + 1).to(dtype)),
+                       got.tensors["a"] is mine, got.staging_bytes])
     mc.disconnect(group)
     return errors
 

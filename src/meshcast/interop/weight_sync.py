@@ -37,7 +37,7 @@ trainer before the wire; the default casts (exactly what casting the full tensor
 @dataclass
 class SyncResult:
     """What one sync did on this rank: the ``version`` now exposed (engine) or sent (trainer),
-    the engine's ``tensors`` (its own parameters' local tensors, or fresh ones), and timings."""
+    the engine's ``tensors`` (the objects it passed, or fresh tensors), and timings."""
 
     version: int
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -167,8 +167,8 @@ class WeightSync:
         for route, staged, target, fresh in zip(self.routes, into, outs, got):
             if target is not None and staged is not target:
                 target.copy_(staged)  # the commit: every rank of both jobs succeeded
-            if route.target in targets:
-                result.tensors[route.target] = target if target is not None else fresh
+            if route.target in targets:  # the caller's own object (a DTensor stays one)
+                result.tensors[route.target] = fresh if params is None else params[route.target]
         self.version = result.version
         return result
 
