@@ -4,6 +4,7 @@ rank of both jobs succeeded (weight_sync.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import time
@@ -12,7 +13,7 @@ from typing import Any
 from ..runtime.errors import ReshardError
 from ..runtime.joint import JointGroup
 
-__all__ = ["WeightSyncError", "commit", "exchange"]
+__all__ = ["WeightSyncError", "commit", "exchange", "forget"]
 
 POLL_S = (1e-3, 0.02)
 """First and longest pause between two looks at a sync's commit records."""
@@ -111,3 +112,14 @@ def _wait_commits(group: JointGroup, key: str, timeout: float, kept: str,
         time.sleep(pause)
         pause = min(2 * pause, POLL_S[1])
     return [json.loads(v) for v in store.multi_get([f"{key}/{j}" for j in range(group.size)])]
+
+
+def forget(group: JointGroup, key: str) -> None:
+    """Delete this rank's commit record under ``key`` (an earlier sync's, which every rank has
+    read once any rank has committed a later one), and on joint rank 0 the sync's counters, so
+    the store does not grow with the number of syncs."""
+    store = group.store
+    keys = [f"{key}/{group.me}"] + ([f"{key}/done", f"{key}/failed"] if group.me == 0 else [])
+    for k in keys:
+        with contextlib.suppress(Exception):  # the store gone: nothing to keep tidy
+            store.delete_key(k)

@@ -25,7 +25,7 @@ from ..runtime.errors import ReshardError
 from ..runtime.joint import JointGroup
 from ..runtime.many import last_many_stats, run_many
 from .sync_spec import NameMap, Route, describe_params, match_sides, merge_side
-from .sync_store import WeightSyncError, commit, exchange
+from .sync_store import WeightSyncError, commit, exchange, forget
 
 __all__ = ["Convert", "SyncResult", "WeightSync", "WeightSyncError"]
 
@@ -199,6 +199,8 @@ class WeightSync:
         moved = time.perf_counter()
         version = commit(self.group, f"{self.key}/step/{step}", version, failure, self.timeout,
                          self._kept(), caller)
+        if step:
+            forget(self.group, f"{self.key}/step/{step - 1}")
         staged = sum(t.numel() * t.element_size() for t in (self._staging or ()) if t is not None)
         return SyncResult(version, {}, moved - started, time.perf_counter() - moved, staged,
                           last_many_stats().peak_staging_bytes), results
