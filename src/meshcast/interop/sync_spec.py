@@ -25,8 +25,8 @@ from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..core.task import ReshardTask
 
-__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "match_sides", "merge_side",
-           "shift_layout"]
+__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "interleave", "match_sides",
+           "merge_side", "shift_layout"]
 
 NameMap = Mapping[str, str] | Callable[[str], str] | None
 """Trainer name -> engine name (None: the same names)."""
@@ -131,9 +131,9 @@ def match_sides(
     trainer: Mapping[str, dict], engine: Mapping[str, dict], engine_offset: int,
     name_map: NameMap = None,
 ) -> list[Route]:
-    """One :class:`Route` per engine tensor, in the engine's order; every problem (an engine
-    tensor nothing feeds, a trainer tensor that goes nowhere, two feeding one, a shape that
-    differs) in one ``ValueError`` listing them all."""
+    """One :class:`Route` per engine tensor (in the engine's order, taken in turn by source mesh:
+    :func:`interleave`); every problem (an engine tensor nothing feeds, a trainer tensor that goes
+    nowhere, two feeding one, a shape that differs) in one ``ValueError`` listing them all."""
     mapped = _map_names(list(trainer), name_map)
     fed: dict[str, list[str]] = {}
     for src, dst in mapped.items():
@@ -165,7 +165,18 @@ def match_sides(
     if problems:
         raise ValueError("the trainer's and the engine's parameters do not match: "
                          + "; ".join(problems))
-    return routes
+    return interleave(routes)
+
+
+def interleave(routes: list[Route]) -> list[Route]:
+    """``routes`` taken in turn from each source mesh (in order of first appearance; each mesh's
+    own order kept), so that every bucket of the sync holds tensors of every pipeline stage and
+    all the trainer's hosts send at once, rather than stage after stage."""
+    by_mesh: dict[tuple[int, ...], list[Route]] = {}
+    for r in routes:
+        by_mesh.setdefault(tuple(r.task.src.mesh.devices), []).append(r)
+    queues = list(by_mesh.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 def _names(names: list[str], mapped: Mapping[str, str]) -> str:
