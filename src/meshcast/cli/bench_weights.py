@@ -44,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated: " + ",".join(JOB_METHODS) + " (tp-broadcast: "
                              "--jobs 2 only; default all)")
     parser.add_argument("--loopback", action="store_true", help="no emulated cluster")
-    parser.add_argument("--jobs", type=int, choices=(1, 2), default=1,
+    parser.add_argument("--jobs", type=integer(1, 2), default=1,
                         help="1: one job of 8 ranks (reshard_state_dict); 2: a trainer job and "
                              "an engine job launched separately (meshcast.WeightSync)")
-    parser.add_argument("--size", type=number(1.0), default=1536.0,
+    parser.add_argument("--size", type=number(0.0), default=1536.0,
                         help="--jobs 2: model size in MiB of bfloat16 (default 1536)")
 
 
