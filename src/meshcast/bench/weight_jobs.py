@@ -140,6 +140,7 @@ class _Rank:
         self.params = {n: torch.zeros(box_shape(t.dst_box(self.me)), dtype=torch.bfloat16)
                        for n, t in self.items if t.dst_box(self.me) is not None}
         self.sync = None
+        self.bucket_bytes = 64 << 20
 
     def shards(self, version: int) -> dict[str, Any]:
         """This trainer rank's shards of ``version`` (made outside the timed syncs)."""
@@ -166,7 +167,7 @@ class _Rank:
             desc = {n: ParamSpec(t.shape, t.dtype, t.src if role == "trainer" else
                                  _engine_layout(t.dst)) for n, t in self.items
                     if (t.src_box(me) if role == "trainer" else t.dst_box(me)) is not None}
-            self.sync = WeightSync(self.group, desc)
+            self.sync = WeightSync(self.group, desc, bucket_bytes=self.bucket_bytes)
         if self.group.role == "trainer":
             self.sync.push(self.local, version)
         else:
@@ -283,6 +284,7 @@ def _worker(rank: int, role: str, address: str, methods: list[str], cfg: dict[st
     tasks = model_tasks(cfg)
     group = connect(address, role, model=f"bench-gpt-{cfg}", timeout=900)
     me = _Rank(group, tasks)
+    me.bucket_bytes = cfg.get("bucket_mib", 64) << 20
     me.local = me.shards(0)
     out = {m: _timed(me, me.method(m), reps) for m in methods}
     disconnect(group)

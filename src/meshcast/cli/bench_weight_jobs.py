@@ -29,7 +29,7 @@ def summary(method: str, ranks: list[dict], reps: int) -> tuple[float, int | Non
 
 def run_two(args: argparse.Namespace) -> int:
     """Run the two jobs and print the table."""
-    cfg = size_config(args.size)
+    cfg = {**size_config(args.size), "bucket_mib": args.bucket_mib}
     tasks = model_tasks(cfg)
     nbytes = sum(t.nbytes for t in tasks.values())
     bound = joint_lower_bound(list(tasks.values()),

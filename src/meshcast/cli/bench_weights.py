@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "an engine job launched separately (meshcast.WeightSync)")
     parser.add_argument("--size", type=number(0.0), default=1536.0,
                         help="--jobs 2: model size in MiB of bfloat16 (default 1536)")
+    parser.add_argument("--bucket-mib", type=integer(1), default=64,
+                        help="--jobs 2: meshcast's bucket_bytes in MiB (default 64)")
 
 
 def _embd(text: str) -> int:
