@@ -86,3 +86,15 @@ def test_a_model_or_parameter_mismatch_is_one_clear_error_on_both_sides() -> Non
               "(4, 2) on the trainer but 'c' has (4, 4) on the engine")
     assert trainer[1] == engine[1] == params
     assert engine[2:] == [[7, True], [8, True, True, 0]]  # fresh; in place, nothing staged
+
+
+@pytest.mark.timeout(120)
+def test_a_side_alone_is_told_within_its_timeout() -> None:
+    address, results = _address(), {}
+    _start(results, "trainer", jobs.alone, 1, (address, "trainer")).join(100)
+    assert results["trainer"] == ["meshcast.connect (trainer): the engine job did not come to the "
+                                  "rendezvous within 3 s"]
+    _start(results, "engine", jobs.alone, 1, (address, "engine")).join(100)
+    (engine,) = results["engine"]
+    assert engine.startswith(f"meshcast.connect: no rendezvous store at {address} within 3 s "
+                             f"(the trainer's rank 0 holds it: is the trainer job running")

@@ -193,6 +193,15 @@ def mismatched(rank: int, address: str, role: str, model: str) -> list[str]:
     return errors
 
 
+def alone(rank: int, address: str, role: str) -> str:
+    """Connect with nobody on the other side (3 s): the error."""
+    try:
+        mc.connect(address, role, timeout=3.0)
+    except mc.ReshardError as exc:
+        return str(exc)
+    return "connected"
+
+
 def main(argv: list[str]) -> int:
     """``trainer|engine ADDRESS OUT_DIR JSON_OPTIONS`` under torchrun: write
     ``OUT_DIR/<role><incarnation>-rank<R>.json``."""
