@@ -4,7 +4,8 @@
 
 Each job is its own ``meshcast.launch`` (its own default group, store and world size), started
 from a thread of this process: the engine (2 ranks, tensor parallel, DTensors) first, then the
-trainer (4 ranks, 2 pipeline stages x tensor parallel 2). Checked: exact weights after every sync
+trainer (4 ranks, 2 pipeline stages x tensor parallel 2, DTensors on the ``tp`` sub-mesh of a
+(pp, tp) mesh). Checked: exact weights after every sync
 with changing values, received in place (no parameter moves), fp32 -> bf16 on the way; a trainer
 rank dying in the middle of a push makes every engine rank raise naming it, with the previous
 version intact; the engine connects again to a restarted trainer and goes on; a model or
@@ -45,12 +46,12 @@ def test_trainer_to_engine_syncs_fault_and_reconnect() -> None:
     address, results = _address(), {}
     engine = _start(results, "engine", jobs.run_engine, 2, (address, 2, 4, 2, True, 30.0))
     first = _start(results, "trainer", jobs.run_trainer, 4,
-                   (address, [1, 2, 3], [1, 3, 20], 30.0))
+                   (address, [1, 2, 3], [1, 3, 20], 30.0, True))
     first.join(200)
     failed = results["trainer"]
     assert isinstance(failed, mc.LaunchError), failed
     assert "rank 1" in str(failed) and "exited with code 17" in str(failed)
-    second = _start(results, "again", jobs.run_trainer, 4, (address, [3, 4], None, 30.0))
+    second = _start(results, "again", jobs.run_trainer, 4, (address, [3, 4], None, 30.0, True))
     second.join(200)
     engine.join(200)
     assert results["again"] == [[3, 4]] * 4, results["again"]

@@ -2,8 +2,9 @@
 separately, meeting through ``meshcast.connect``.
 
 * The trainer: a small GPT in float32, 2 pipeline stages x tensor-parallel 2 (ranks 0-1 stage 0,
-  ranks 2-3 stage 1), Megatron layouts; each rank describes only its stage's parameters. At
-  version ``v`` its weights are the seed-0 model plus ``v``.
+  ranks 2-3 stage 1), Megatron layouts; each rank describes only its stage's parameters (as
+  ``ParamSpec`` or as DTensors on the ``tp`` sub-mesh). At version ``v`` its weights are the
+  seed-0 model plus ``v``.
 * The engine: the same model in bfloat16, tensor-parallel over all its ranks, as plain local
   tensors or as DTensors (``dtensor``); it receives in place and checks every weight byte for
   byte against the trainer's at that version (cast to bfloat16), and that no parameter moved.
@@ -52,15 +53,36 @@ def trainer_layouts() -> dict[str, mc.Layout]:
     return {k: t.src for k, t in tasks.items()}
 
 
+def _as_dtensors(shards: dict, layouts: dict) -> dict:
+    """This stage rank's shards as DTensors on the ``tp`` sub-mesh of a (pp=2, tp=2) mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    tp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))["tp"]
+    out = {}
+    for n, shard in shards.items():
+        p = layouts[n].placements[0]
+        place = Shard(p.dim) if isinstance(p, mc.Shard) else Replicate()
+        out[n] = DTensor.from_local(shard, tp, [place], run_check=False)
+    return out
+
+
 def run_trainer(rank: int, address: str, versions: list[int], die: list | None = None,
-                timeout: float = 60.0) -> list[int]:
+                timeout: float = 60.0, dtensor: bool = False) -> list[int]:
     """Connect, build the sync, push ``versions``; ``die = [rank, version, k]``: that rank exits
     (status 17) while converting its k-th tensor of that version, i.e. in the middle of the
-    push."""
+    push. ``dtensor``: describe and push DTensors on the tensor-parallel sub-mesh of the stage."""
     layouts = trainer_layouts()
     shapes = {k: tuple(v.shape) for k, v in weights(0).items()}
     mine = {n: lay for n, lay in layouts.items() if lay.box(rank, shapes[n]) is not None}
-    desc = {n: mc.ParamSpec(shapes[n], "float32", lay) for n, lay in mine.items()}
+
+    def shards(version: int) -> dict:
+        full = weights(version)
+        local = {n: full[n][lay.box(rank, shapes[n])] for n, lay in mine.items()}
+        return _as_dtensors(local, mine) if dtensor else local
+
+    desc = shards(0) if dtensor else {n: mc.ParamSpec(shapes[n], "float32", lay)
+                                      for n, lay in mine.items()}
     state = {"version": None, "count": 0}
 
     def convert(name, shard, dtype):
@@ -73,9 +95,8 @@ def run_trainer(rank: int, address: str, versions: list[int], die: list | None =
     sync = mc.WeightSync(group, desc, convert=convert, bucket_bytes=16 << 10)
     pushed = []
     for v in versions:
-        full = weights(v)
         state["version"], state["count"] = v, 0
-        sync.push({n: full[n][lay.box(rank, shapes[n])] for n, lay in mine.items()}, version=v)
+        sync.push(shards(v), version=v)
         pushed.append(v)
     mc.disconnect(group)
     return pushed

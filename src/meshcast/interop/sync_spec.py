@@ -69,7 +69,8 @@ def describe_params(params: Mapping[str, Any], argument: str = "params") -> dict
         if _is_dtensor(spec):
             from .dtensor import layout_from_dtensor
 
-            shape, dtype, layout = tuple(spec.shape), spec.dtype, layout_from_dtensor(spec)
+            shape, dtype = tuple(spec.shape), spec.dtype
+            layout = layout_from_dtensor(spec, own_mesh=True)  # replicas: merge_side
         elif isinstance(spec, tuple) and len(spec) == 3 and isinstance(spec[2], Layout):
             shape, dtype, layout = spec
         else:
@@ -90,16 +91,45 @@ def merge_side(records: Mapping[int, Mapping[str, dict]], role: str) -> dict[str
     ranks raises ``ValueError`` naming both."""
     merged: dict[str, dict] = {}
     first: dict[str, int] = {}
+    members: dict[str, list[dict]] = {}
     for rank in sorted(records):
         for name, entry in records[rank].items():
             if name not in merged:
                 merged[name], first[name] = dict(entry), rank
-            elif merged[name] != entry:
-                raise ValueError(
-                    f"{role} ranks {first[name]} and {rank} describe {name!r} differently "
-                    f"({_show(merged[name])} vs {_show(entry)}): every rank must give the same "
-                    f"global shape, dtype and layout")
+                members[name] = [entry]
+            elif merged[name] != entry and entry not in members[name]:
+                if not _replica(members[name][0], entry):
+                    raise ValueError(
+                        f"{role} ranks {first[name]} and {rank} describe {name!r} differently "
+                        f"({_show(merged[name])} vs {_show(entry)}): every rank must give the "
+                        f"same global shape, dtype and layout")
+                members[name].append(entry)
+                merged[name] = _replicated(members[name])
     return merged
+
+
+def _replica(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether ``b`` is ``a`` on other ranks (another member of a DTensor's sub-mesh family: a
+    data-parallel replica): the same shape, dtype and placements on a disjoint mesh of the same
+    shape."""
+    if (a["shape"], a["dtype"]) != (b["shape"], b["dtype"]) or "placements" not in a["layout"] \
+            or a["layout"].get("placements") != b["layout"].get("placements"):
+        return False
+    ma, mb = Mesh.from_json(a["layout"]["mesh"]), Mesh.from_json(b["layout"]["mesh"])
+    return ma.shape == mb.shape and not set(ma.devices) & set(mb.devices)
+
+
+def _replicated(entries: list[dict]) -> dict:
+    """Replicas (:func:`_replica`) as one entry: their meshes stacked on a new first axis, over
+    which the tensor is replicated."""
+    import numpy as np
+
+    from ..core.layout import Replicate
+
+    base = Layout.from_json(entries[0]["layout"])
+    mesh = Mesh(np.stack([Mesh.from_json(e["layout"]["mesh"]).array for e in entries]))
+    layout = Layout(mesh, [Replicate(), *base.placements])
+    return {**entries[0], "layout": layout.to_json()}
 
 
 def _show(entry: Mapping[str, Any]) -> str:
