@@ -43,14 +43,20 @@ def weights(version: int) -> dict:
 
 def trainer_layouts() -> dict[str, mc.Layout]:
     """Each parameter's layout on the trainer (2 stages x TP2 over ranks 0-3)."""
-    from meshcast.interop.weights import gpt_weight_tasks
+    from meshcast.interop.weights import gpt_stage_of
     from meshcast.models.gpt import split_layers
 
-    base = weights(0)
-    params = {k: (tuple(v.shape), str(v.dtype)) for k, v in base.items()}
-    tasks = gpt_weight_tasks(params, [mc.Mesh([0, 1]), mc.Mesh([2, 3])], split_layers(4, 2),
-                             mc.Mesh([0, 1]))
-    return {k: t.src for k, t in tasks.items()}
+    stages = [mc.Mesh([0, 1]), mc.Mesh([2, 3])]
+    return {k: tp_layout(k, stages[gpt_stage_of(k, split_layers(4, 2))]) for k in weights(0)}
+
+
+def tp_layout(name: str, mesh: mc.Mesh) -> mc.Layout:
+    """Megatron-style tensor parallelism, every shard one box (``attn.c_attn`` cut in rows)."""
+    from meshcast.interop.weights import tensor_parallel_layout
+
+    if "attn.c_attn" in name:
+        return mc.Layout(mesh, [mc.Shard(0)])
+    return tensor_parallel_layout(name, mesh)
 
 
 def _as_dtensors(shards: dict, layouts: dict) -> dict:
@@ -106,10 +112,8 @@ def _engine_params(rank: int, world: int, dtensor: bool) -> tuple[dict, dict, di
     """(description, parameters, layouts) of an engine rank: TP over all ``world`` ranks."""
     import torch
 
-    from meshcast.interop.weights import tensor_parallel_layout
-
     shapes = {k: tuple(v.shape) for k, v in weights(0).items()}
-    layouts = {n: tensor_parallel_layout(n, mc.Mesh(list(range(world)))) for n in shapes}
+    layouts = {n: tp_layout(n, mc.Mesh(list(range(world)))) for n in shapes}
     local = {n: torch.zeros(layouts[n].shard_shape(rank, shapes[n]), dtype=torch.bfloat16)
              for n in shapes}
     if not dtensor:

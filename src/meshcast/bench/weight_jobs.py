@@ -55,16 +55,27 @@ def model_tasks(cfg: dict[str, int]) -> dict[str, ReshardTask]:
     """``{name: ReshardTask}`` in joint ranks (trainer 0-3, engine 4-7), bfloat16."""
     import torch
 
-    from ..interop.weights import gpt_weight_tasks
+    from ..interop.weights import gpt_stage_of
     from ..models.gpt import GPT, GPTConfig, split_layers
 
     config = GPTConfig(vocab_size=cfg["vocab"], block_size=64, n_layer=cfg["layers"],
                        n_head=N_HEAD, n_embd=cfg["embd"])
     with torch.device("meta"):
         model = GPT(config, seed=None)
-    params = {k: (tuple(v.shape), "bfloat16") for k, v in model.state_dict().items()}
-    return gpt_weight_tasks(params, [Mesh([0, 1]), Mesh([2, 3])],
-                            split_layers(config.n_layer, 2), Mesh([4, 5, 6, 7]))
+    stages, engine = [Mesh([0, 1]), Mesh([2, 3])], Mesh([4, 5, 6, 7])
+    layers = split_layers(config.n_layer, 2)
+    return {k: ReshardTask(tuple(v.shape), "bfloat16",
+                           _tp_layout(k, stages[gpt_stage_of(k, layers)]), _tp_layout(k, engine))
+            for k, v in model.state_dict().items()}
+
+
+def _tp_layout(name: str, mesh: Mesh) -> Layout:
+    """Megatron-style tensor parallelism with every shard one box (``attn.c_attn`` cut in rows,
+    which the baselines slice like the others; the bytes moved are the same)."""
+    from ..core.layout import Shard
+    from ..interop.weights import tensor_parallel_layout
+
+    return Layout(mesh, [Shard(0)]) if "attn.c_attn" in name else tensor_parallel_layout(name, mesh)
 
 
 def values(task: ReshardTask, k: int, box: Box, version: int):
