@@ -34,3 +34,46 @@ def test_joint_lower_bound_adds_the_inbound_bytes_of_all_tasks() -> None:
     one = lower_bound(task, topo)
     assert joint_lower_bound([task], topo) == pytest.approx(one)
     assert joint_lower_bound([task, task], topo) == pytest.approx(2 * one)
+
+
+def test_two_job_model_sizes_and_exact_values() -> None:
+    import torch
+
+    from meshcast.bench.weight_jobs import model_tasks, size_config, values
+
+    for mib in (16, 1536):
+        tasks = model_tasks(size_config(mib))
+        nbytes = sum(t.nbytes for t in tasks.values())
+        assert 0.8 * mib < nbytes / 2**20 < 1.25 * mib  # about the size asked for
+        assert all(t.dtype == "bfloat16" for t in tasks.values())
+    assert sum(t.nbytes for t in model_tasks(size_config(1536)).values()) >= 2**30  # >= 1 GiB
+    task = ReshardTask((6, 10), "bfloat16", Layout(Mesh([0, 1]), "S0R"),
+                       Layout(Mesh([4, 5]), "RS0"))
+    full = values(task, 3, (slice(0, 6), slice(0, 10)), 2)
+    box = (slice(3, 6), slice(5, 10))
+    assert torch.equal(values(task, 3, box, 2), full[box])  # any box: the same elements
+    assert torch.equal(full.float() * 8, (full.float() * 8).round())  # exact in bfloat16
+    assert not torch.equal(values(task, 3, box, 1), values(task, 3, box, 2))
+
+
+def test_two_job_rows_take_the_slowest_rank_of_both_jobs() -> None:
+    from meshcast.cli.bench_weight_jobs import summary
+
+    ranks = [{"meshcast": {"times": [1.0, 4.0], "peak": 5, "nic": 100, "bad": []}},
+             {"meshcast": {"times": [2.0, 1.0], "peak": 9, "nic": None, "bad": []}}]
+    assert summary("meshcast", ranks, 2) == (3.0, 100, 9)
+    ranks[1]["meshcast"]["bad"] = ["wte.weight"]
+    with pytest.raises(RuntimeError, match="meshcast: wrong weights"):
+        summary("meshcast", ranks, 2)
+
+
+def test_a_host_subset_refuses_hosts_the_cluster_does_not_have() -> None:
+    from meshcast.cluster import Cluster
+    from meshcast.cluster.subset import HostSubset
+
+    fake = Cluster("mc-x", 4, 1.0, 0.0)  # never built: plain data
+    part = HostSubset(fake, [2, 3])
+    assert (part.num_hosts, part.host_addr(0), part.name) == (2, fake.host_addr(2), "mc-x[2,3]")
+    assert part.topology(2).hosts == ((0, 1), (2, 3))
+    with pytest.raises(ValueError, match="distinct hosts of cluster 'mc-x'"):
+        HostSubset(fake, [3, 4])

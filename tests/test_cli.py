@@ -144,6 +144,8 @@ BAD = [
     (["bench", "weights", "--layers", "0"], "--layers", ">= 1"),
     (["bench", "weights", "--methods", "rsync"], "--methods", "choose from"),
     (["bench", "weights", "--reps", "0"], "--reps", ">= 1"),
+    (["bench", "weights", "--jobs", "3"], "--jobs", "from 1 to 2"),
+    (["bench", "weights", "--jobs", "2", "--size", "0"], "--size", "> 0"),
     (["bench", "resharding", "--size", "-1"], "--size", "positive"),
     (["bench", "resharding", "--size", "lots"], "--size", "MiB"),
     (["bench", "resharding", "--reps", "0"], "--reps", ">= 1"),

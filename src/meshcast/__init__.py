@@ -102,11 +102,14 @@ __version__ = "0.1.0"
 # The runtime imports torch, so its names load on first use: `import meshcast` stays numpy-only.
 _RUNTIME_EXPORTS = frozenset(
     {
+        "JointGroup",
         "LaunchError",
         "ReshardError",
         "TransferStats",
         "combine_amax",
+        "connect",
         "detect_topology",
+        "disconnect",
         "launch",
         "partial_amax",
         "quantize",
@@ -123,8 +126,8 @@ _RUNTIME_EXPORTS = frozenset(
 
 # DTensor and whole-model resharding (meshcast.interop) import torch too.
 _INTEROP_EXPORTS = frozenset(
-    {"REDUCTIONS", "gpt_mapping", "layout_from_dtensor",
-     "llama_mapping", "reshard_dtensor", "reshard_state_dict"})
+    {"REDUCTIONS", "ParamSpec", "SyncResult", "WeightSync", "WeightSyncError", "gpt_mapping",
+     "layout_from_dtensor", "llama_mapping", "reshard_dtensor", "reshard_state_dict"})
 
 
 def __getattr__(name: str):

@@ -14,6 +14,7 @@ cluster (root) or loopback. Methods, each in a fresh job:
 Reported: time per sync (median of ``--reps``, slowest rank), bytes across hosts (NIC counters of
 the emulated hosts; loopback: n/a), peak extra memory of the busiest rank (VmHWM during the
 syncs minus VmRSS before), and the joint lower bound. Every result is checked byte for byte.
+``--jobs 2``: a trainer job and an engine job launched separately (bench_weight_jobs.py).
 A benchmark, not a test: it prints figures. The library code is in
 :mod:`meshcast.bench.weight_sync`; this module parses arguments and prints.
 """
@@ -21,7 +22,9 @@ A benchmark, not a test: it prints figures. The library code is in
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..bench.weight_jobs import METHODS as JOB_METHODS
 from ..bench.weight_sync import METHODS, N_HEAD, build, joint_lower_bound, summarise, weights_worker
 from .common import comma_list, integer, number, working
 
@@ -37,9 +40,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vocabulary (default 4096)")
     parser.add_argument("--nic-gbit", type=number(0.0), default=1.0, help="emulated NIC rate")
     parser.add_argument("--reps", type=integer(1), default=3, help="timed syncs per method")
-    parser.add_argument("--methods", type=comma_list(METHODS), default=list(METHODS),
-                        help="comma-separated: " + ",".join(METHODS))
+    parser.add_argument("--methods", type=comma_list(JOB_METHODS), default=None,
+                        help="comma-separated: " + ",".join(JOB_METHODS) + " (tp-broadcast: "
+                             "--jobs 2 only; default all)")
     parser.add_argument("--loopback", action="store_true", help="no emulated cluster")
+    parser.add_argument("--jobs", type=integer(1, 2), default=1,
+                        help="1: one job of 8 ranks (reshard_state_dict); 2: a trainer job and "
+                             "an engine job launched separately (meshcast.WeightSync)")
+    parser.add_argument("--size", type=number(0.0), default=1536.0,
+                        help="--jobs 2: model size in MiB of bfloat16 (default 1536)")
+    parser.add_argument("--bucket-mib", type=integer(1), default=64,
+                        help="--jobs 2: meshcast's bucket_bytes in MiB (default 64)")
 
 
 def _embd(text: str) -> int:
@@ -51,11 +62,19 @@ def _embd(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run every method in its own job and print the comparison."""
+    if args.jobs == 2:
+        from .bench_weight_jobs import run_two
+
+        return run_two(args)
     from ..cluster.job import run_on_emulated_hosts
     from ..core.topology import Topology
 
     cfg = {"layers": args.layers, "embd": args.embd, "vocab": args.vocab}
-    methods = args.methods
+    methods = args.methods or list(METHODS)
+    if any(m not in METHODS for m in methods):
+        print(f"meshcast bench weights: error: --methods: {', '.join(METHODS)} with --jobs 1",
+              file=sys.stderr)
+        return 2
     import torch  # noqa: F401  (fail early without torch)
 
     _, tasks = build(cfg)

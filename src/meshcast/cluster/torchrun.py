@@ -56,13 +56,15 @@ def torchrun_command(
     port: int,
     rdzv_id: str | None = None,
     torchrun_args: Sequence[str] = (),
+    job_hosts: Sequence[int] | None = None,
 ) -> list[str]:
     """The torchrun command line of the node on ``host`` (run it inside ``cluster.netns(host)``
     with :meth:`Cluster.host_env` in its environment, as :func:`start_torchrun` does).
 
     ``argv`` is the training script and its arguments (``["train.py", "--lr", "1"]``, or
     ``["-m", "package.module"]``); ``port`` the rendezvous port on host 0; ``torchrun_args``
-    extra torchrun options placed before the script.
+    extra torchrun options placed before the script. ``job_hosts``: the hosts of this job (default
+    every host; two jobs on one cluster each take some), in node order, rendezvous at the first.
     """
     if isinstance(argv, (str, bytes)) or not argv:
         raise ValueError(f"argv must be a non-empty list (the script and its arguments), got "
@@ -73,15 +75,18 @@ def torchrun_command(
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"port must be a TCP port number, got {port!r}")
     addr = cluster.host_addr(host)
+    hosts = list(range(cluster.num_hosts)) if job_hosts is None else list(job_hosts)
+    if host not in hosts:
+        raise ValueError(f"host {host} is not one of the job's hosts {hosts}")
     return [
         *torchrun_executable(),
-        "--nnodes", str(cluster.num_hosts),
+        "--nnodes", str(len(hosts)),
         "--nproc-per-node", str(nproc_per_node),
-        "--node-rank", str(host),
+        "--node-rank", str(hosts.index(host)),
         "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"{cluster.host_addr(0)}:{port}",
+        "--rdzv-endpoint", f"{cluster.host_addr(hosts[0])}:{port}",
         "--rdzv-id", rdzv_id or f"{cluster.name}-{port}",
-        "--rdzv-conf", f"is_host={'true' if host == 0 else 'false'}",
+        "--rdzv-conf", f"is_host={'true' if host == hosts[0] else 'false'}",
         "--local-addr", addr,
         "--max-restarts", "0",
         *map(str, torchrun_args),
@@ -99,21 +104,25 @@ def start_torchrun(
     env: Mapping[str, str] | None = None,
     rdzv_id: str | None = None,
     torchrun_args: Sequence[str] = (),
+    job_hosts: Sequence[int] | None = None,
     **popen_kwargs: Any,
 ) -> list[subprocess.Popen]:
     """Start the torchrun agent of every host (or of ``hosts`` only, when each node is started
     separately: then give the same ``port`` to all) inside its namespace; return the Popens in
     host order. ``env`` (default ``os.environ``) is updated by :meth:`Cluster.host_env`. Each
     agent starts a session of its own, so :func:`wait_torchrun` can stop it with its workers.
+    ``job_hosts``: the job runs on these hosts only (:func:`torchrun_command`).
     """
-    port = free_port(cluster, 0) if port is None else port
-    chosen = range(cluster.num_hosts) if hosts is None else hosts
+    every = range(cluster.num_hosts) if job_hosts is None else job_hosts
+    port = free_port(cluster, every[0]) if port is None else port
+    chosen = every if hosts is None else hosts
     popen_kwargs.setdefault("start_new_session", True)
     procs: list[subprocess.Popen] = []
     try:
         for host in chosen:
             cmd = torchrun_command(cluster, host, nproc_per_node, argv, port=port,
-                                   rdzv_id=rdzv_id, torchrun_args=torchrun_args)
+                                   rdzv_id=rdzv_id, torchrun_args=torchrun_args,
+                                   job_hosts=job_hosts)
             procs.append(spawn_in_host(cluster, host, cmd, env, **popen_kwargs))
     except BaseException:
         _stop(procs, 0.0)

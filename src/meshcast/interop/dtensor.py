@@ -101,9 +101,9 @@ def _source_spec(dt: DTensor, reduced: tuple[Any, ...]) -> tuple[tuple[Any, ...]
     return tuple(dt.placements), getattr(dt._spec, "shard_order", None)
 
 
-def layout_from_dtensor(dt: DTensor) -> Layout:
-    """The meshcast :class:`~meshcast.Layout` of ``dt``: its DeviceMesh (a sub-mesh read whole),
-    placements and shard order.
+def layout_from_dtensor(dt: DTensor, *, own_mesh: bool = False) -> Layout:
+    """The meshcast :class:`~meshcast.Layout` of ``dt``: its DeviceMesh (a sub-mesh read whole,
+    or with ``own_mesh`` only this rank's member of it), placements and shard order.
 
     Raises ``ValueError`` for ``Partial`` placements (reduce first, or use
     :func:`reshard_dtensor`, which reduces on the way).
@@ -112,7 +112,7 @@ def layout_from_dtensor(dt: DTensor) -> Layout:
         raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
     return layout_from_spec(dt.device_mesh, dt.placements, dt.ndim,
                             shard_order=getattr(dt._spec, "shard_order", None),
-                            argument="dt.placements")
+                            argument="dt.placements", own_mesh=own_mesh)
 
 
 def dtensor_task(

@@ -193,11 +193,15 @@ def layout_from_spec(
     *,
     shard_order: Any = None,
     argument: str = "placements",
+    own_mesh: bool = False,
 ) -> Layout:
     """The meshcast :class:`~meshcast.Layout` of ``placements`` (in ``shard_order``, a torch
     ``ShardOrder``; None: the default, mesh dimensions left to right) on ``device_mesh``, for a
-    tensor of ``ndim`` dimensions. Refuses what it cannot read exactly (module docstring)."""
-    reading = read_device_mesh(device_mesh)
+    tensor of ``ndim`` dimensions. Refuses what it cannot read exactly (module docstring).
+    ``own_mesh``: read only this rank's own member of a sub-mesh family (its ranks), not the
+    family whole (with pipeline parallelism each stage's sub-mesh holds other tensors)."""
+    reading = (MeshReading(Mesh(device_mesh.mesh.tolist()), tuple(range(device_mesh.ndim)))
+               if own_mesh else read_device_mesh(device_mesh))
     placements = tuple(placements)
     if len(placements) != device_mesh.ndim:
         raise ValueError(

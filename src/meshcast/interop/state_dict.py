@@ -83,6 +83,7 @@ def reshard_state_dict(
         timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
         names=[f"state_dict[{n!r}]" for n in names],
         errors=errors,
+        caller="meshcast.reshard_state_dict",
     )
     result: dict[str, Any] = {}
     for k, name in enumerate(names):

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .blame import Fault
+from .joint import JointGroup
 
 __all__ = ["Call", "calls_made", "next_step", "ranks_digest", "recent_refusals", "store_of"]
 
@@ -73,7 +74,10 @@ def _group_calls(group: object) -> _GroupCalls:
 
 
 def store_of(group: dist.ProcessGroup) -> dist.Store:
-    """The store ``group`` was created with (its keys are private to the group)."""
+    """The store ``group`` was created with (its keys are private to the group; a
+    :class:`~meshcast.runtime.joint.JointGroup`'s own)."""
+    if isinstance(group, JointGroup):
+        return group.store
     try:
         return c10d._world.pg_map[group][1]
     except (AttributeError, KeyError, IndexError, TypeError):

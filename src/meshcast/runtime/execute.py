@@ -16,6 +16,7 @@ from .blame import diagnose
 from .board import Call, next_step
 from .detect import real_host_map
 from .errors import ReshardError
+from .joint import JointGroup
 from .p2p import Failures, Links
 from .runner import Runner
 from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
@@ -236,7 +237,9 @@ def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> b
 
 def publish_refusal(group: dist.ProcessGroup | None, exc: BaseException) -> None:
     """After an argument error found before the agreement: tell waiting peers (agree.py)."""
-    if dist.is_available() and dist.is_initialized():
+    if isinstance(group, JointGroup):
+        refuse_early(group, group.me, f"an argument error: {exc}")
+    elif dist.is_available() and dist.is_initialized():
         g = group if group is not None else dist.group.WORLD
         refuse_early(g, dist.get_rank(group), f"an argument error: {exc}")
 

@@ -30,6 +30,7 @@ from ..core.layout import Box
 from .blame import Fault
 from .board import Call
 from .errors import ReshardError
+from .joint import JointGroup, post
 from .stats import record_send
 from .tensors import as_bytes
 
@@ -59,7 +60,7 @@ class Links:
 
     def __init__(
         self,
-        group: dist.ProcessGroup,
+        group: dist.ProcessGroup | JointGroup,
         me: int,
         to_global: Callable[[int], int],
         host_of: dict[int, int],
@@ -94,6 +95,8 @@ class Links:
     def _post(self, fn, data: torch.Tensor, peer: int, tag: int, what: str) -> dist.Work:
         key = "dst" if fn is dist.isend else "src"
         try:
+            if isinstance(self.group, JointGroup):  # not registered with torch.distributed
+                return post(self.group, fn is dist.isend, data, self.to_global(peer), tag)
             return fn(data, group=self.group, tag=tag, **{key: self.to_global(peer)})
         except Exception as exc:
             raise PeerFault("closed", peer, what, _first_line(exc)) from exc

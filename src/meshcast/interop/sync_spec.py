@@ -1,0 +1,214 @@
+"""What each side of a weight sync holds, and the tasks that move the trainer's weights to the
+engine's: the description half of :class:`meshcast.WeightSync` (no communication here).
+
+A side's description maps each parameter name to its global shape, dtype and layout over the
+side's own job ranks: given as a DTensor (read with :func:`meshcast.layout_from_dtensor`) or as a
+:class:`ParamSpec` ``(shape, dtype, layout)``. Each rank describes the parameters it holds (with
+pipeline parallelism, its stage's), the records of a side's ranks are merged into the side's
+description (:func:`merge_side`), and the two sides' descriptions are matched name by name
+(:func:`match_sides`) into one :class:`~meshcast.ReshardTask` per engine tensor, in joint ranks
+(the engine's layouts shifted past the trainer's ranks). Every rank computes the same tasks, or
+the same error, from the same records.
+
+``name_map`` (trainer name -> engine name; a mapping or a function; default: the same name) is
+the hook of the name mapping; the task's dtype is the engine's, and the trainer converts its shard
+to it before the wire (:class:`meshcast.WeightSync`, ``convert``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from ..core.dtypes import dtype_name
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from ..core.task import ReshardTask
+
+__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "interleave", "match_sides",
+           "merge_side", "shift_layout"]
+
+NameMap = Mapping[str, str] | Callable[[str], str] | None
+"""Trainer name -> engine name (None: the same names)."""
+
+
+class ParamSpec(NamedTuple):
+    """One parameter as a side holds it: global ``shape``, ``dtype`` and ``layout`` (a
+    :class:`~meshcast.Layout` over the side's own job ranks)."""
+
+    shape: Sequence[int]
+    dtype: Any
+    layout: Layout
+
+
+class Route(NamedTuple):
+    """One engine tensor of the sync: fed by trainer tensor ``source`` through ``task`` (joint
+    ranks, the engine's dtype)."""
+
+    source: str
+    target: str
+    task: ReshardTask
+
+
+def _is_dtensor(x: object) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(x, DTensor)
+
+
+def describe_params(params: Mapping[str, Any], argument: str = "params") -> dict[str, dict]:
+    """``{name: {"shape", "dtype", "layout"}}`` (JSON-ready) of what this rank holds."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{argument} must be a mapping of names to DTensors or "
+                        f"meshcast.ParamSpec(shape, dtype, layout), got {type(params).__name__}")
+    out: dict[str, dict] = {}
+    for name, spec in params.items():
+        where = f"{argument}[{name!r}]"
+        if _is_dtensor(spec):
+            from .dtensor import layout_from_dtensor
+
+            shape, dtype = tuple(spec.shape), spec.dtype
+            layout = layout_from_dtensor(spec, own_mesh=True)  # replicas: merge_side
+        elif isinstance(spec, tuple) and len(spec) == 3 and isinstance(spec[2], Layout):
+            shape, dtype, layout = spec
+        else:
+            raise TypeError(f"{where} must be a DTensor or meshcast.ParamSpec(shape, dtype, "
+                            f"layout), got {type(spec).__name__}")
+        try:
+            task = ReshardTask(shape, dtype, layout, layout)  # checks shape, dtype and layout
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+        out[name] = {"shape": list(task.shape), "dtype": task.dtype,
+                     "layout": layout.to_json()}
+    return out
+
+
+def merge_side(records: Mapping[int, Mapping[str, dict]], role: str) -> dict[str, dict]:
+    """One side's description from its ranks' records (``{rank: describe_params(...)}``): every
+    name once, in the order of the lowest rank that holds it; a name described differently by two
+    ranks raises ``ValueError`` naming both."""
+    merged: dict[str, dict] = {}
+    first: dict[str, int] = {}
+    members: dict[str, list[dict]] = {}
+    for rank in sorted(records):
+        for name, entry in records[rank].items():
+            if name not in merged:
+                merged[name], first[name] = dict(entry), rank
+                members[name] = [entry]
+            elif merged[name] != entry and entry not in members[name]:
+                if not _replica(members[name][0], entry):
+                    raise ValueError(
+                        f"{role} ranks {first[name]} and {rank} describe {name!r} differently "
+                        f"({_show(merged[name])} vs {_show(entry)}): every rank must give the "
+                        f"same global shape, dtype and layout")
+                members[name].append(entry)
+                merged[name] = _replicated(members[name])
+    return merged
+
+
+def _replica(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether ``b`` is ``a`` on other ranks (another member of a DTensor's sub-mesh family: a
+    data-parallel replica): the same shape, dtype and placements on a disjoint mesh of the same
+    shape."""
+    if (a["shape"], a["dtype"]) != (b["shape"], b["dtype"]) or "placements" not in a["layout"] \
+            or a["layout"].get("placements") != b["layout"].get("placements"):
+        return False
+    ma, mb = Mesh.from_json(a["layout"]["mesh"]), Mesh.from_json(b["layout"]["mesh"])
+    return ma.shape == mb.shape and not set(ma.devices) & set(mb.devices)
+
+
+def _replicated(entries: list[dict]) -> dict:
+    """Replicas (:func:`_replica`) as one entry: their meshes stacked on a new first axis, over
+    which the tensor is replicated."""
+    import numpy as np
+
+    from ..core.layout import Replicate
+
+    base = Layout.from_json(entries[0]["layout"])
+    mesh = Mesh(np.stack([Mesh.from_json(e["layout"]["mesh"]).array for e in entries]))
+    layout = Layout(mesh, [Replicate(), *base.placements])
+    return {**entries[0], "layout": layout.to_json()}
+
+
+def _show(entry: Mapping[str, Any]) -> str:
+    return (f"shape {tuple(entry['shape'])}, {entry['dtype']}, "
+            f"{Layout.from_json(entry['layout']).notation()}")
+
+
+def shift_layout(layout: Layout, offset: int) -> Layout:
+    """``layout`` with every mesh rank moved up by ``offset`` (job ranks -> joint ranks)."""
+    if offset == 0:
+        return layout
+    data = layout.to_json()
+    data["mesh"] = Mesh(layout.mesh.array + offset).to_json()
+    return Layout.from_json(data)
+
+
+def _map_names(trainer: Sequence[str], name_map: NameMap) -> dict[str, str]:
+    if name_map is None:
+        return {n: n for n in trainer}
+    if isinstance(name_map, Mapping):
+        return {n: name_map[n] for n in trainer if n in name_map}
+    if callable(name_map):
+        return {n: name_map(n) for n in trainer}
+    raise TypeError(f"name_map must be a mapping or a function of trainer names, got "
+                    f"{type(name_map).__name__}")
+
+
+def match_sides(
+    trainer: Mapping[str, dict], engine: Mapping[str, dict], engine_offset: int,
+    name_map: NameMap = None,
+) -> list[Route]:
+    """One :class:`Route` per engine tensor (in the engine's order, taken in turn by source mesh:
+    :func:`interleave`); every problem (an engine tensor nothing feeds, a trainer tensor that goes
+    nowhere, two feeding one, a shape that differs) in one ``ValueError`` listing them all."""
+    mapped = _map_names(list(trainer), name_map)
+    fed: dict[str, list[str]] = {}
+    for src, dst in mapped.items():
+        fed.setdefault(dst, []).append(src)
+    problems = []
+    unmapped = [n for n in trainer if n not in mapped or mapped[n] not in engine]
+    if unmapped:
+        problems.append(f"trainer tensors with no engine tensor: {_names(unmapped, mapped)}")
+    missing = [n for n in engine if n not in fed]
+    if missing:
+        problems.append(f"engine tensors that no trainer tensor feeds: {', '.join(missing)}")
+    twice = {d: s for d, s in fed.items() if len(s) > 1 and d in engine}
+    for dst, srcs in twice.items():
+        problems.append(f"engine tensor {dst!r} is fed by several trainer tensors {srcs}")
+    routes = []
+    for dst, entry in engine.items():
+        if dst not in fed or dst in twice:
+            continue
+        src = fed[dst][0]
+        have = trainer[src]
+        if list(have["shape"]) != list(entry["shape"]):
+            problems.append(f"{src!r} has shape {tuple(have['shape'])} on the trainer but "
+                            f"{dst!r} has {tuple(entry['shape'])} on the engine")
+            continue
+        task = ReshardTask(entry["shape"], dtype_name(entry["dtype"]),
+                           Layout.from_json(have["layout"]),
+                           shift_layout(Layout.from_json(entry["layout"]), engine_offset))
+        routes.append(Route(src, dst, task))
+    if problems:
+        raise ValueError("the trainer's and the engine's parameters do not match: "
+                         + "; ".join(problems))
+    return interleave(routes)
+
+
+def interleave(routes: list[Route]) -> list[Route]:
+    """``routes`` taken in turn from each source mesh (in order of first appearance; each mesh's
+    own order kept), so that every bucket of the sync holds tensors of every pipeline stage and
+    all the trainer's hosts send at once, rather than stage after stage."""
+    by_mesh: dict[tuple[int, ...], list[Route]] = {}
+    for r in routes:
+        by_mesh.setdefault(tuple(r.task.src.mesh.devices), []).append(r)
+    queues = list(by_mesh.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+
+
+def _names(names: list[str], mapped: Mapping[str, str]) -> str:
+    return ", ".join(f"{n} (-> {mapped[n]})" if n in mapped and mapped[n] != n else n
+                     for n in names)

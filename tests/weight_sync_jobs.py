@@ -1,0 +1,252 @@
+"""The two jobs of the weight-sync tests (issue 16): a trainer and an inference engine, launched
+separately, meeting through ``meshcast.connect``.
+
+* The trainer: a small GPT in float32, 2 pipeline stages x tensor-parallel 2 (ranks 0-1 stage 0,
+  ranks 2-3 stage 1), Megatron layouts; each rank describes only its stage's parameters (as
+  ``ParamSpec`` or as DTensors on the ``tp`` sub-mesh). At version ``v`` its weights are the
+  seed-0 model plus ``v``.
+* The engine: the same model in bfloat16, tensor-parallel over all its ranks, as plain local
+  tensors or as DTensors (``dtensor``); it receives in place and checks every weight byte for
+  byte against the trainer's at that version (cast to bfloat16), and that no parameter moved.
+
+Run by tests/test_weight_sync_jobs.py through ``meshcast.launch`` (loopback) and by
+tests/test_cluster_weight_sync.py under the real ``torchrun`` on emulated hosts::
+
+    python weight_sync_jobs.py trainer|engine ADDRESS OUT_DIR JSON_OPTIONS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import meshcast as mc
+
+MODEL = "gpt-test-4l-32"
+VERSIONS_ENV = "WEIGHT_SYNC_TEST"
+
+
+def _config():
+    from meshcast.models.gpt import GPTConfig
+
+    return GPTConfig(vocab_size=96, block_size=16, n_layer=4, n_head=4, n_embd=32)
+
+
+def weights(version: int) -> dict:
+    """The trainer's full weights at ``version`` (float32)."""
+    from meshcast.models.gpt import GPT
+
+    return {k: v.detach() + version for k, v in GPT(_config(), seed=0).state_dict().items()}
+
+
+def trainer_layouts() -> dict[str, mc.Layout]:
+    """Each parameter's layout on the trainer (2 stages x TP2 over ranks 0-3)."""
+    from meshcast.interop.weights import gpt_stage_of
+    from meshcast.models.gpt import split_layers
+
+    stages = [mc.Mesh([0, 1]), mc.Mesh([2, 3])]
+    return {k: tp_layout(k, stages[gpt_stage_of(k, split_layers(4, 2))]) for k in weights(0)}
+
+
+def tp_layout(name: str, mesh: mc.Mesh) -> mc.Layout:
+    """Megatron-style tensor parallelism, every shard one box (``attn.c_attn`` cut in rows)."""
+    from meshcast.interop.weights import tensor_parallel_layout
+
+    if "attn.c_attn" in name:
+        return mc.Layout(mesh, [mc.Shard(0)])
+    return tensor_parallel_layout(name, mesh)
+
+
+def _as_dtensors(shards: dict, layouts: dict) -> dict:
+    """This stage rank's shards as DTensors on the ``tp`` sub-mesh of a (pp=2, tp=2) mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    tp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))["tp"]
+    out = {}
+    for n, shard in shards.items():
+        p = layouts[n].placements[0]
+        place = Shard(p.dim) if isinstance(p, mc.Shard) else Replicate()
+        out[n] = DTensor.from_local(shard, tp, [place], run_check=False)
+    return out
+
+
+def run_trainer(rank: int, address: str, versions: list[int], die: list | None = None,
+                timeout: float = 60.0, dtensor: bool = False) -> list[int]:
+    """Connect, build the sync, push ``versions``; ``die = [rank, version, k]``: that rank exits
+    (status 17) while converting its k-th tensor of that version, i.e. in the middle of the
+    push. ``dtensor``: describe and push DTensors on the tensor-parallel sub-mesh of the stage."""
+    layouts = trainer_layouts()
+    shapes = {k: tuple(v.shape) for k, v in weights(0).items()}
+    mine = {n: lay for n, lay in layouts.items() if lay.box(rank, shapes[n]) is not None}
+
+    def shards(version: int) -> dict:
+        full = weights(version)
+        local = {n: full[n][lay.box(rank, shapes[n])] for n, lay in mine.items()}
+        return _as_dtensors(local, mine) if dtensor else local
+
+    desc = shards(0) if dtensor else {n: mc.ParamSpec(shapes[n], "float32", lay)
+                                      for n, lay in mine.items()}
+    state = {"version": None, "count": 0}
+
+    def convert(name, shard, dtype):
+        state["count"] += 1
+        if die and rank == die[0] and state["version"] == die[1] and state["count"] == die[2]:
+            os._exit(17)
+        return shard.to(dtype)
+
+    group = mc.connect(address, "trainer", model=MODEL, timeout=timeout)
+    sync = mc.WeightSync(group, desc, convert=convert, bucket_bytes=16 << 10)
+    pushed = []
+    for v in versions:
+        state["version"], state["count"] = v, 0
+        sync.push(shards(v), version=v)
+        pushed.append(v)
+    mc.disconnect(group)
+    return pushed
+
+
+def _engine_params(rank: int, world: int, dtensor: bool) -> tuple[dict, dict, dict]:
+    """(description, parameters, layouts) of an engine rank: TP over all ``world`` ranks."""
+    import torch
+
+    shapes = {k: tuple(v.shape) for k, v in weights(0).items()}
+    layouts = {n: tp_layout(n, mc.Mesh(list(range(world)))) for n in shapes}
+    local = {n: torch.zeros(layouts[n].shard_shape(rank, shapes[n]), dtype=torch.bfloat16)
+             for n in shapes}
+    if not dtensor:
+        desc = {n: mc.ParamSpec(shapes[n], "bfloat16", layouts[n]) for n in shapes}
+        return desc, local, layouts
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    params = {}
+    for n, lay in layouts.items():
+        p = lay.placements[0]
+        place = Shard(p.dim) if isinstance(p, mc.Shard) else Replicate()
+        params[n] = DTensor.from_local(local[n], mesh, [place], run_check=False)
+    return params, params, layouts
+
+
+def run_engine(rank: int, address: str, sessions: int, versions: int, world: int,
+               dtensor: bool = False, timeout: float = 60.0) -> dict:
+    """Receive ``versions`` syncs over up to ``sessions`` connections (a failed sync: check the
+    parameters kept the last version, then connect again); report what happened."""
+    import torch
+
+    desc, params, layouts = _engine_params(rank, world, dtensor)
+    local = {n: p.to_local() if hasattr(p, "to_local") else p for n, p in params.items()}
+    ptrs = {n: t.data_ptr() for n, t in local.items()}
+    report: dict = {"received": [], "errors": [], "exact": [], "kept": [], "same_storage": True}
+    last = None
+    for _ in range(sessions):
+        group = mc.connect(address, "engine", model=MODEL, timeout=timeout)
+        sync = mc.WeightSync(group, desc, bucket_bytes=16 << 10, version=last)
+        while len(report["received"]) < versions:
+            started = time.monotonic()
+            try:
+                got = sync.receive(params)
+            except mc.WeightSyncError as exc:
+                report["errors"].append([str(exc), round(time.monotonic() - started, 2)])
+                report["kept"].append(_exact(local, layouts, rank, last))
+                break
+            last = got.version
+            report["received"].append(got.version)
+            report["exact"].append(_exact(local, layouts, rank, got.version))
+            report["staging_bytes"] = got.staging_bytes
+            report["peak_bucket"] = max(report.get("peak_bucket", 0), got.peak_bucket_bytes)
+        else:
+            mc.disconnect(group)
+            break
+    report["same_storage"] = all(t.data_ptr() == ptrs[n] for n, t in local.items())
+    report["param_bytes"] = sum(t.numel() * t.element_size() for t in local.values())
+    report["version"] = last
+    assert torch.is_tensor(next(iter(local.values())))
+    return report
+
+
+def _exact(local: dict, layouts: dict, rank: int, version: int | None) -> bool:
+    import torch
+
+    full = weights(version)
+    return all(torch.equal(t, full[n][layouts[n].box(rank, full[n].shape)].to(torch.bfloat16))
+               for n, t in local.items())
+
+
+def mismatched(rank: int, address: str, role: str, model: str) -> list[str]:
+    """One rank per job: a model mismatch at connect, then a second connect whose parameter
+    descriptions disagree (names and a shape); the errors each side sees."""
+    import torch
+
+    errors = []
+    try:
+        mc.connect(address, role, model=model, timeout=60)
+    except ValueError as exc:
+        errors.append(str(exc))
+    group = mc.connect(address, role, model="same", timeout=60)
+    one = mc.Layout(mc.Mesh([0]), "RR")
+    if role == "trainer":
+        desc = {"a": mc.ParamSpec((4, 4), torch.float32, one),
+                "b": mc.ParamSpec((4, 4), torch.float32, one),
+                "c": mc.ParamSpec((4, 2), torch.float32, one)}
+    else:
+        desc = {"a": mc.ParamSpec((4, 4), torch.bfloat16, one),
+                "c": mc.ParamSpec((4, 4), torch.bfloat16, one),
+                "d": mc.ParamSpec((4, 4), torch.bfloat16, one)}
+    try:
+        mc.WeightSync(group, desc)
+    except ValueError as exc:
+        errors.append(str(exc))
+    # then a good one: fresh tensors, and in place without staging (atomic=False)
+    full = torch.arange(16, dtype=torch.float32).view(4, 4) / 8
+    dtype = torch.float32 if role == "trainer" else torch.bfloat16
+    sync = mc.WeightSync(group, {"a": mc.ParamSpec((4, 4), dtype, one)}, atomic=False)
+    if role == "trainer":
+        sync.push({"a": full}, version=7)
+        sync.push({"a": full + 1}, version=8)
+    else:
+        fresh = sync.receive()
+        errors.append([fresh.version, torch.equal(fresh.tensors["a"], full.to(dtype))])
+        mine = torch.zeros(4, 4, dtype=dtype)
+        got = sync.receive({"a": mine})
+        errors.append([got.version, torch.equal(mine, (full + 1).to(dtype)),
+                       got.tensors["a"] is mine, got.staging_bytes])
+    mc.disconnect(group)
+    return errors
+
+
+def alone(rank: int, address: str, role: str) -> str:
+    """Connect with nobody on the other side (3 s): the error."""
+    try:
+        mc.connect(address, role, timeout=3.0)
+    except mc.ReshardError as exc:
+        return str(exc)
+    return "connected"
+
+
+def main(argv: list[str]) -> int:
+    """``trainer|engine ADDRESS OUT_DIR JSON_OPTIONS`` under torchrun: write
+    ``OUT_DIR/<role><incarnation>-rank<R>.json``."""
+    import torch.distributed as dist
+
+    role, address, out, options = argv[0], argv[1], argv[2], json.loads(argv[3])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    tag = options.pop("tag", role)
+    try:
+        if role == "trainer":
+            result: object = run_trainer(rank, address, **options)
+        else:
+            result = run_engine(rank, address, world=dist.get_world_size(), **options)
+        with open(os.path.join(out, f"{tag}-rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
