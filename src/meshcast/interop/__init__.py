@@ -3,7 +3,7 @@
 - :mod:`.dtensor`: ``layout_from_dtensor`` and :func:`reshard_dtensor`;
 - :mod:`.state_dict`: :func:`reshard_state_dict`, a whole model in one call;
 - :mod:`.weights`: ready layouts of the project's GPT model for weight sync;
-- :mod:`.weight_names`: ready name mappings (Llama-style into vLLM-style, the GPT model).
+- :mod:`.weight_names`: ready name mappings (Llama-style into vLLM-style, the GPT model);
 - :mod:`.weight_sync`: :class:`WeightSync`, trainer -> engine every step between two jobs.
 
 Planning many tensors at once (``plan_many``) is :mod:`meshcast.planning.many` (numpy only);
