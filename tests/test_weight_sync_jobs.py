@@ -9,7 +9,10 @@ trainer (4 ranks, 2 pipeline stages x tensor parallel 2, DTensors on the ``tp`` 
 with changing values, received in place (no parameter moves), fp32 -> bf16 on the way; a trainer
 rank dying in the middle of a push makes every engine rank raise naming it, with the previous
 version intact; the engine connects again to a restarted trainer and goes on; a model or
-parameter mismatch is one clear error on both sides; fresh tensors and ``atomic=False``.
+parameter mismatch is one clear error on both sides; fresh tensors and ``atomic=False``; a
+Llama-style trainer into fused QKV (grouped-query attention), fused gate_up and stacked experts
+(``mapping=meshcast.llama_mapping(...)``), each piece received in place into its part of the
+engine's parameter.
 """
 
 from __future__ import annotations
@@ -99,3 +102,24 @@ def test_a_side_alone_is_told_within_its_timeout() -> None:
     (engine,) = results["engine"]
     assert engine.startswith(f"meshcast.connect: no rendezvous store at {address} within 3 s "
                              f"(the trainer's rank 0 holds it: is the trainer job running")
+
+
+@pytest.mark.timeout(200)
+def test_fused_qkv_gate_up_and_stacked_experts_arrive_in_place() -> None:
+    address, results = _address(), {}
+    threads = [_start(results, "trainer", jobs.fused, 2, (address, "trainer", [1, 2, 3])),
+               _start(results, "engine", jobs.fused, 2, (address, "engine", [1, 2, 3]))]
+    for t in threads:
+        t.join(150)
+    trainer, engine = results["trainer"], results["engine"]
+    assert not isinstance(trainer, Exception) and not isinstance(engine, Exception), results
+    missing = ("the trainer's and the engine's parameters do not match: the mapping does not "
+               "fit (2 problems):\n  engine tensors the mapping does not fill: 'lm_head.weight'"
+               "\n  trainer tensors the mapping does not use: 'lm_head.weight'")
+    for report in trainer + engine:
+        assert report["errors"] == [missing]  # the same error on every rank of both jobs
+        assert report["received"] == [1, 2, 3]
+        assert report["routes"] == len(jobs.llama_specs("trainer")) == 25  # one per piece
+    for report in engine:
+        assert report["exact"] == [True] * 3  # byte for byte; the last into fresh tensors
+        assert report["in_place"] and report["same_storage"]  # version 2 in the parameters

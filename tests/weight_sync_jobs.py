@@ -9,6 +9,9 @@ separately, meeting through ``meshcast.connect``.
   tensors or as DTensors (``dtensor``); it receives in place and checks every weight byte for
   byte against the trainer's at that version (cast to bfloat16), and that no parameter moved.
 
+``fused``: a Llama-style model (``LLAMA``) into fused and stacked engine tensors through
+``mapping=meshcast.llama_mapping(...)``.
+
 Run by tests/test_weight_sync_jobs.py through ``meshcast.launch`` (loopback) and by
 tests/test_cluster_weight_sync.py under the real ``torchrun`` on emulated hosts::
 
@@ -216,6 +219,138 @@ def mismatched(rank: int, address: str, role: str, model: str) -> list[str]:
                        got.tensors["a"] is mine, got.staging_bytes])
     mc.disconnect(group)
     return errors
+
+
+# A Llama-style model into a vLLM-style engine: fused QKV (grouped-query attention: 4 query
+# heads, 2 key/value heads), fused gate_up, and a MoE layer whose 2 experts are stacked (w13 a
+# Stack of Fuse, w2 a Stack). Trainer: 2 ranks, every matrix cut in columns, expert e on rank e;
+# engine: 2 ranks, tensor parallel (heads of q, k and v cut separately), w2 expert parallel.
+LLAMA = {"layers": 2, "hidden": 8, "head": 2, "heads": 4, "kv": 2, "ffn": 12, "vocab": 16,
+         "experts": 2}
+
+
+def llama_specs(role: str) -> dict:
+    """``{name: ParamSpec}`` of the Llama-style model on ``role``'s 2 ranks."""
+    d = LLAMA
+    h, ffn, e, two = d["hidden"], d["ffn"], d["experts"], mc.Mesh([0, 1])
+    q, kv = d["heads"] * d["head"], d["kv"] * d["head"]
+    trainer = role == "trainer"
+    dtype = "float32" if trainer else "bfloat16"
+
+    def spec(shape: tuple, layout: str, mesh: mc.Mesh = two) -> mc.ParamSpec:
+        lay = mc.Layout(mesh, [mc.Replicate()] if layout == "R" else layout)
+        return mc.ParamSpec(shape, dtype, lay)
+
+    col, row = ("RS0", "RS0") if trainer else ("S0R", "RS0")
+    out = {"model.embed_tokens.weight": spec((d["vocab"], h), col)}
+    for i in range(d["layers"]):
+        p = f"model.layers.{i}"
+        a, m = f"{p}.self_attn", f"{p}.mlp"
+        out[f"{p}.input_layernorm.weight"] = spec((h,), "R")
+        if trainer:
+            out.update({f"{a}.{x}_proj.weight": spec((n, h), col)
+                        for x, n in (("q", q), ("k", kv), ("v", kv))})
+        else:
+            qkv = f"{{q={q}:S0+k={kv}:S0+v={kv}:S0}}R"
+            out[f"{a}.qkv_proj.weight"] = spec((q + 2 * kv, h), qkv)
+        out[f"{a}.o_proj.weight"] = spec((h, q), row)
+        out[f"{p}.post_attention_layernorm.weight"] = spec((h,), "R")
+        if i == 0 and trainer:
+            out.update({f"{m}.{x}_proj.weight": spec((ffn, h), col) for x in ("gate", "up")})
+        elif i == 0:
+            out[f"{m}.gate_up_proj.weight"] = spec((2 * ffn, h), f"{{gate={ffn}:S0+up={ffn}:S0}}R")
+        if i == 0:
+            out[f"{m}.down_proj.weight"] = spec((h, ffn), row)
+            continue
+        out[f"{m}.gate.weight"] = spec((e, h), "R")
+        if trainer:
+            for x in range(e):
+                one = mc.Mesh([x])
+                out.update({f"{m}.experts.{x}.{y}_proj.weight": spec((ffn, h), "RR", one)
+                            for y in ("gate", "up")})
+                out[f"{m}.experts.{x}.down_proj.weight"] = spec((h, ffn), "RR", one)
+        else:
+            out[f"{m}.experts.w13_weight"] = spec((e, 2 * ffn, h),
+                                                  f"R{{gate={ffn}:S0+up={ffn}:S0}}R")
+            out[f"{m}.experts.w2_weight"] = spec((e, h, ffn), "S0RR")
+    out["model.norm.weight"] = spec((h,), "R")
+    out["lm_head.weight"] = spec((d["vocab"], h), col)
+    return out
+
+
+def llama_full(name: str, shape: tuple, version: int):
+    """Trainer tensor ``name`` at ``version`` (float32, distinct values)."""
+    import numpy as np
+
+    seed = sum(map(ord, name))
+    n = int(np.prod(shape))
+    return (((np.arange(n) * 7 + seed) % 1009) / 8 + version).astype(np.float32).reshape(shape)
+
+
+def llama_engine_full(name: str, version: int):
+    """Engine tensor ``name`` at ``version``, assembled by hand from the trainer's (float32)."""
+    import numpy as np
+
+    trainer, rule = llama_specs("trainer"), mc.llama_mapping(2, num_experts=2, moe_layers=[1])
+    rule = rule[name]
+
+    def build(r):
+        if isinstance(r, str):
+            return llama_full(r, tuple(trainer[r].shape), version)
+        if isinstance(r, mc.Fuse):
+            return np.concatenate([build(t) for _, t in r.parts], r.dim)
+        return np.stack([build(item) for item in r.items], r.dim)
+
+    return build(rule)
+
+
+def fused(rank: int, address: str, role: str, versions: list[int]) -> dict:
+    """One side of the fused sync: a mapping that leaves out ``lm_head`` (one error on both
+    sides), then ``llama_mapping``: the trainer pushes ``versions``; the engine receives them
+    in place (the last into fresh tensors) and checks every byte; the report."""
+    import torch
+
+    mapping = mc.llama_mapping(2, num_experts=2, moe_layers=[1])
+    specs = llama_specs(role)
+    group = mc.connect(address, role, model="llama-test", timeout=60)
+    report: dict = {"errors": [], "exact": [], "received": []}
+    try:
+        mc.WeightSync(group, specs, mapping={k: v for k, v in mapping.items() if "lm_" not in k})
+    except ValueError as exc:
+        report["errors"].append(str(exc))
+    sync = mc.WeightSync(group, specs, mapping=mapping, bucket_bytes=4 << 10)
+    report["routes"] = len(sync.routes)
+    if role == "trainer":
+        for v in versions:
+            shards = {n: torch.from_numpy(mc.scatter(llama_full(n, tuple(s.shape), v),
+                                                     s.layout)[rank])
+                      for n, s in specs.items() if s.layout.region(rank, s.shape) is not None}
+            report["received"].append(sync.push(shards, version=v).version)
+    else:
+        local = {n: torch.zeros(s.layout.shard_shape(rank, s.shape), dtype=torch.bfloat16)
+                 for n, s in specs.items()}
+        ptrs = {n: t.data_ptr() for n, t in local.items()}
+        for k, _ in enumerate(versions):
+            got = sync.receive(None if k == len(versions) - 1 else local)
+            report["received"].append(got.version)
+            report["exact"].append(_bytes_equal(got.tensors, specs, rank, got.version))
+        report["same_storage"] = all(t.data_ptr() == ptrs[n] for n, t in local.items())
+        report["in_place"] = _bytes_equal(local, specs, rank, versions[-2])
+    mc.disconnect(group)
+    return report
+
+
+def _bytes_equal(tensors: dict, specs: dict, rank: int, version: int) -> bool:
+    import numpy as np
+    import torch
+
+    def bits(a) -> np.ndarray:
+        return torch.from_numpy(a).to(torch.bfloat16).view(torch.int16).numpy()
+
+    return sorted(tensors) == sorted(specs) and all(
+        np.array_equal(tensors[n].view(torch.int16).numpy(),
+                       bits(mc.scatter(llama_engine_full(n, version), s.layout)[rank]))
+        for n, s in specs.items())
 
 
 def alone(rank: int, address: str, role: str) -> str:

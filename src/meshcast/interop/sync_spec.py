@@ -12,7 +12,11 @@ the same error, from the same records.
 
 ``name_map`` (trainer name -> engine name; a mapping or a function; default: the same name) is
 the hook of the name mapping; the task's dtype is the engine's, and the trainer converts its shard
-to it before the wire (:class:`meshcast.WeightSync`, ``convert``).
+to it before the wire (:class:`meshcast.WeightSync`, ``convert``). Fused and stacked engine
+tensors take a ``mapping`` of rules instead (``{engine name: rule}``, :mod:`meshcast.core.names`,
+e.g. :func:`meshcast.llama_mapping`): :func:`match_mapping` gives one route per
+:class:`~meshcast.core.names.Piece`, each moving a trainer tensor straight into its part of an
+engine tensor.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from typing import Any, NamedTuple
 from ..core.dtypes import dtype_name
 from ..core.layout import Layout
 from ..core.mesh import Mesh
+from ..core.names import Piece, Rule, map_weights
 from ..core.task import ReshardTask
 
-__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "interleave", "match_sides",
-           "merge_side", "shift_layout"]
+__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "interleave", "match_mapping",
+           "match_sides", "merge_side", "shift_layout"]
 
 NameMap = Mapping[str, str] | Callable[[str], str] | None
 """Trainer name -> engine name (None: the same names)."""
@@ -42,12 +47,21 @@ class ParamSpec(NamedTuple):
 
 
 class Route(NamedTuple):
-    """One engine tensor of the sync: fed by trainer tensor ``source`` through ``task`` (joint
-    ranks, the engine's dtype)."""
+    """One engine tensor of the sync, or with ``piece`` one part of it: fed by trainer tensor
+    ``source`` through ``task`` (joint ranks, the engine's dtype); ``piece`` (joint ranks) says
+    where the part lies in each engine rank's shard of ``target``."""
 
     source: str
     target: str
     task: ReshardTask
+    piece: Piece | None = None
+
+    @property
+    def label(self) -> str:
+        """The engine tensor's name, with the part's place (``qkv.weight.k``, ``w13[1].up``)."""
+        path = () if self.piece is None else self.piece.path
+        return self.target + "".join(f"[{k}]" if kind == "stack" else f".{k}"
+                                     for kind, _, k in path)
 
 
 def _is_dtensor(x: object) -> bool:
@@ -196,6 +210,26 @@ def match_sides(
         raise ValueError("the trainer's and the engine's parameters do not match: "
                          + "; ".join(problems))
     return interleave(routes)
+
+
+def match_mapping(
+    trainer: Mapping[str, dict], engine: Mapping[str, dict], engine_offset: int,
+    mapping: Mapping[str, Rule],
+) -> list[Route]:
+    """One :class:`Route` per piece of :func:`meshcast.map_weights` over the two sides'
+    descriptions (the engine's shifted to joint ranks), taken in turn by source mesh
+    (:func:`interleave`); every problem in one ``ValueError`` listing them all."""
+    def specs(side: Mapping[str, dict], offset: int) -> dict[str, tuple]:
+        return {n: (tuple(e["shape"]), e["dtype"],
+                    shift_layout(Layout.from_json(e["layout"]), offset))
+                for n, e in side.items()}
+
+    try:
+        pieces = map_weights(specs(trainer, 0), specs(engine, engine_offset), mapping)
+    except ValueError as exc:
+        raise ValueError(f"the trainer's and the engine's parameters do not match: {exc}") \
+            from None
+    return interleave([Route(p.trainer, p.engine, p.task, p) for p in pieces])
 
 
 def interleave(routes: list[Route]) -> list[Route]:

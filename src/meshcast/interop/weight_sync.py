@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
+from ..core.names import Rule
 from ..planning.many import DEFAULT_BUCKET_BYTES, plan_many
 from ..runtime.errors import ReshardError
 from ..runtime.joint import JointGroup
 from ..runtime.many import last_many_stats, run_many
-from .sync_spec import NameMap, Route, describe_params, match_sides, merge_side
+from .sync_spec import NameMap, Route, describe_params, match_mapping, match_sides, merge_side
 from .sync_store import WeightSyncError, commit, exchange, forget
 
 __all__ = ["Convert", "SyncResult", "WeightSync", "WeightSyncError"]
@@ -70,7 +71,9 @@ class WeightSync:
     ``params``: what this rank holds, ``{name: DTensor or meshcast.ParamSpec(shape, dtype,
     layout)}`` (layouts over the job's own ranks; with pipeline parallelism a rank describes its
     stage's parameters). The two sides' names, shapes and layouts are exchanged and matched
-    (``name_map``: trainer name -> engine name; default the same names) and planned once; any
+    (``name_map``: trainer name -> engine name; default the same names; or ``mapping``: engine
+    name -> rule, :func:`meshcast.map_weights`'s, for fused and stacked engine tensors such as
+    :func:`meshcast.llama_mapping`, the same on every rank) and planned once; any
     mismatch raises ``ValueError`` on every rank of both jobs, listing every problem. The wire
     carries the engine's dtype: each trainer shard is converted by ``convert`` (default: a cast).
     ``bucket_bytes`` bounds each rank's staging of packed messages; ``timeout`` every wait;
@@ -81,9 +84,10 @@ class WeightSync:
 
     def __init__(
         self, group: JointGroup, params: Mapping[str, Any], *, name_map: NameMap = None,
-        convert: Convert | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        timeout: float | None = None, atomic: bool = True, version: int | None = None,
-        strategy: str | None = None, balance: str | None = None,
+        mapping: Mapping[str, Rule] | None = None, convert: Convert | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
+        atomic: bool = True, version: int | None = None, strategy: str | None = None,
+        balance: str | None = None,
     ) -> None:
         if not isinstance(group, JointGroup):
             raise TypeError(f"group must be a meshcast JointGroup (meshcast.connect), got "
@@ -94,27 +98,29 @@ class WeightSync:
         self.convert = _cast if convert is None else convert
         self.key = f"sync/{group.next_sync()}"
         self.steps = 0
-        self._staging: list[torch.Tensor | None] | None = None
-        try:
-            mine: dict[str, Any] = {"params": describe_params(params)}
-        except (TypeError, ValueError) as exc:
-            mine = {"error": str(exc)}
-        records = exchange(group, f"{self.key}/describe", mine, self.timeout)
+        self._staging: dict[str, torch.Tensor] = {}
+        records = exchange(group, f"{self.key}/describe", _record(params, name_map, mapping),
+                           self.timeout)
         bad = [(j, r["error"]) for j, r in records.items() if "error" in r]
+        if not bad:
+            rules = {r["mapping"] for r in records.values()}
+            bad = [] if len(rules) == 1 else [(min(records), _MAPPINGS_DIFFER)]
         if bad:
             raise ValueError(f"meshcast.WeightSync on {group.role} rank {group.rank}: "
                              f"{group.describe([bad[0][0]])}: {bad[0][1]}")
         sides = {role: merge_side({j: records[j]["params"] for j in group.ranks(role)}, role)
                  for role in ("trainer", "engine")}
-        self.routes: list[Route] = match_sides(sides["trainer"], sides["engine"],
-                                               group.offset("engine"), name_map)
+        offset = group.offset("engine")
+        self.routes: list[Route] = (
+            match_sides(sides["trainer"], sides["engine"], offset, name_map) if mapping is None
+            else match_mapping(sides["trainer"], sides["engine"], offset, mapping))
         self.plans = plan_many([r.task for r in self.routes], group.topology,
                                strategy=strategy, balance=balance)
 
     @property
     def names(self) -> list[str]:
-        """The engine's tensor names, in sync order."""
-        return [r.target for r in self.routes]
+        """The engine's tensor names, in sync order (each once)."""
+        return list(dict.fromkeys(r.target for r in self.routes))
 
     def push(self, params: Mapping[str, Any], version: int) -> SyncResult:
         """Trainer ranks: send ``params`` (``{name: DTensor, or this rank's local shard}``, the
@@ -146,40 +152,67 @@ class WeightSync:
 
     def receive(self, params: Mapping[str, Any] | None = None) -> SyncResult:
         """Engine ranks: receive the next version into ``params`` (``{engine name: DTensor or
-        this rank's local tensor}``) in place, or into fresh tensors when ``params`` is None.
+        this rank's local tensor}``) in place, or into fresh tensors when ``params`` is None
+        (a fused or stacked tensor's fresh shard is made on the CPU).
         With ``atomic`` the parameters change only once every rank of both jobs succeeded: they
         hold the previous version or the new one, never a mix; a failed sync raises
         :class:`WeightSyncError` on every rank, saying which version the parameters hold."""
         self._check_role("engine", "receive")
-        me, outs, errors, targets = self.group.me, [], [], {}
+        me, errors, targets = self.group.me, [], {}
         for route in self.routes:
-            if route.task.dst_region(me) is None:
-                outs.append(None)
+            if route.task.dst_region(me) is None or route.target in targets:
                 continue
             target = None if params is None else _local(params.get(route.target))
             if params is not None and target is None:
                 errors.append(f"params[{route.target!r}] is missing on engine rank "
                               f"{self.group.rank}, which receives part of it")
+            elif route.piece is not None:
+                target = self._whole(route, target, errors)
             targets[route.target] = target
-            outs.append(target)
-        into = self._stage(outs) if self.atomic and params is not None else outs
-        result, got = self._run([None] * len(outs), into, errors, None, "receive")
-        for route, staged, target, fresh in zip(self.routes, into, outs, got):
-            if target is not None and staged is not target:
-                target.copy_(staged)  # the commit: every rank of both jobs succeeded
+        into = self._stage(targets) if self.atomic and params is not None else targets
+        outs = [None if r.task.dst_region(me) is None or into.get(r.target) is None
+                else into[r.target] if r.piece is None else r.piece.dst_view(into[r.target], me)
+                for r in self.routes]
+        result, got = self._run([None] * len(outs), outs, errors, None, "receive")
+        for name, target in targets.items():
+            if params is not None and target is not None and into[name] is not target:
+                target.copy_(into[name])  # the commit: every rank of both jobs succeeded
+        for route, fresh in zip(self.routes, got):
             if route.target in targets:  # the caller's own object (a DTensor stays one)
-                result.tensors[route.target] = fresh if params is None else params[route.target]
+                result.tensors[route.target] = (
+                    params[route.target] if params is not None else
+                    fresh if route.piece is None else targets[route.target])
         self.version = result.version
         return result
 
-    def _stage(self, outs: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Staging buffers for ``outs`` (made once, kept between syncs)."""
-        if self._staging is None or any(
-                (o is None) != (s is None) or (o is not None and s.shape != o.shape)
-                for o, s in zip(outs, self._staging)):
-            self._staging = [None if o is None else torch.empty(o.shape, dtype=o.dtype,
-                                                                device=o.device) for o in outs]
-        return self._staging
+    def _whole(self, route: Route, target: torch.Tensor | None,
+               errors: list[str]) -> torch.Tensor | None:
+        """This rank's whole shard of a fused or stacked engine tensor, into which its pieces
+        are received: ``target`` (checked), or a fresh tensor when it is None."""
+        piece = route.piece
+        shape = piece.engine_layout.region(self.group.me, piece.engine_shape).shape
+        dtype = _dtype(route.task)
+        if target is None:
+            return torch.empty(shape, dtype=dtype)
+        if tuple(target.shape) != tuple(shape) or target.dtype != dtype:
+            errors.append(f"params[{route.target!r}] is {tuple(target.shape)} {target.dtype} on "
+                          f"engine rank {self.group.rank}; its layout "
+                          f"{piece.engine_layout.notation()} of global shape "
+                          f"{piece.engine_shape} gives this rank {tuple(shape)} {dtype}")
+            return None
+        return target
+
+    def _stage(self, targets: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
+        """Staging buffers for ``targets`` (made once, kept between syncs)."""
+        def same(name: str, t: torch.Tensor | None) -> bool:
+            s = self._staging.get(name)
+            return t is None or (s is not None and s.shape == t.shape and s.dtype == t.dtype
+                                 and s.device == t.device)
+
+        if not all(same(n, t) for n, t in targets.items()):
+            self._staging = {n: torch.empty_like(t, memory_format=torch.contiguous_format)
+                             for n, t in targets.items() if t is not None}
+        return {n: None if t is None else self._staging[n] for n, t in targets.items()}
 
     def _run(self, shards: list, outs: list, errors: list[str], version: int | None,
              what: str) -> tuple[SyncResult, list[torch.Tensor | None]]:
@@ -189,8 +222,9 @@ class WeightSync:
         failure: ReshardError | None = None
         try:
             results = run_many(shards, self.plans, bucket_bytes=self.bucket_bytes,
-                               timeout=self.timeout, names=self.names, errors=errors, out=outs,
-                               group=self.group, caller=caller, overlap=True)
+                               timeout=self.timeout, names=[r.label for r in self.routes],
+                               errors=errors, out=outs, group=self.group, caller=caller,
+                               overlap=True)
         except ValueError as exc:  # refused on every rank before anything moved
             raise ValueError(f"{exc} (the engine's parameters keep version "
                              f"{self.version})") from None
@@ -201,7 +235,7 @@ class WeightSync:
                          self._kept(), caller)
         if step:
             forget(self.group, f"{self.key}/step/{step - 1}")
-        staged = sum(t.numel() * t.element_size() for t in (self._staging or ()) if t is not None)
+        staged = sum(t.numel() * t.element_size() for t in self._staging.values())
         return SyncResult(version, {}, moved - started, time.perf_counter() - moved, staged,
                           last_many_stats().peak_staging_bytes), results
 
@@ -217,6 +251,30 @@ class WeightSync:
         if self.role != role:
             raise RuntimeError(f"WeightSync.{what} is for {role} ranks; this is {self.role} "
                                f"rank {self.group.rank}")
+
+
+_MAPPINGS_DIFFER = ("the ranks were given different name mappings (WeightSync's mapping must be "
+                    "the same on every rank of both jobs)")
+
+
+def _record(params: Mapping[str, Any], name_map: NameMap,
+            mapping: Mapping[str, Rule] | None) -> dict[str, Any]:
+    """What this rank tells the others: its parameters' description and its mapping's digest
+    (or the error in its arguments)."""
+    import hashlib
+
+    digest = None if mapping is None else hashlib.sha256(
+        repr(sorted(mapping.items(), key=lambda kv: str(kv[0]))).encode()).hexdigest()
+    try:
+        if name_map is not None and mapping is not None:
+            raise TypeError("give name_map (trainer name -> engine name) or mapping (engine "
+                            "name -> rule, with Fuse and Stack), not both")
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise TypeError(f"mapping must be a mapping of engine names to rules, got "
+                            f"{type(mapping).__name__}")
+        return {"params": describe_params(params), "mapping": digest}
+    except (TypeError, ValueError) as exc:
+        return {"error": str(exc), "mapping": digest}
 
 
 def _dtype(task: Any) -> torch.dtype:
