@@ -12,7 +12,9 @@ version intact; the engine connects again to a restarted trainer and goes on; a 
 parameter mismatch is one clear error on both sides; fresh tensors and ``atomic=False``; a
 Llama-style trainer into fused QKV (grouped-query attention), fused gate_up and stacked experts
 (``mapping=meshcast.llama_mapping(...)``), each piece received in place into its part of the
-engine's parameter.
+engine's parameter; FP8 engine parameters with block and per-tensor scales
+(weight_sync_fp8_job.py), bit for bit the whole tensor's conversion, and a misdeclared scale
+parameter as one error on both sides.
 """
 
 from __future__ import annotations
@@ -123,3 +125,24 @@ def test_fused_qkv_gate_up_and_stacked_experts_arrive_in_place() -> None:
     for report in engine:
         assert report["exact"] == [True] * 3  # byte for byte; the last into fresh tensors
         assert report["in_place"] and report["same_storage"]  # version 2 in the parameters
+
+
+@pytest.mark.timeout(200)
+def test_fp8_block_and_per_tensor_scales_are_the_whole_conversion_in_place() -> None:
+    import weight_sync_fp8_job as fp8
+
+    address, results = _address(), {}
+    threads = [_start(results, "trainer", fp8.run, 2, (address, "trainer", [1, 2, 3])),
+               _start(results, "engine", fp8.run, 2, (address, "engine", [1, 2, 3]))]
+    for t in threads:
+        t.join(150)
+    trainer, engine = results["trainer"], results["engine"]
+    assert not isinstance(trainer, Exception) and not isinstance(engine, Exception), results
+    assert [r["received"] for r in trainer + engine] == [[1, 2, 3]] * 4
+    error = ("the engine's FP8 parameters do not fit: w: 'w_scale_inv' is declared (2, 3) "
+             "float32 2@2:S0R; its scales (per tensor) are () float32 2@2: (joint ranks); v: "
+             "the engine declares no scale parameter 'v_scale_inv'")
+    assert [r["errors"] for r in trainer + engine] == [[error]] * 4  # every rank of both jobs
+    for report in engine:
+        assert report["exact"] == [True] * 3  # FP8 bytes and scales, bit for bit; 3: fresh
+        assert report["in_place"] and report["same_storage"]  # version 2, in place

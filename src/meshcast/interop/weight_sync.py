@@ -8,7 +8,7 @@ plan_many`, cached), so the engine never needs stand-ins of the trainer's tensor
 :meth:`WeightSync.push` / :meth:`WeightSync.receive` pair is one :func:`meshcast.reshard_many` call
 on the joint group, followed by a commit: every rank writes whether its part succeeded, and an
 engine rank exposes the new version only once every rank of both jobs has (see
-:meth:`WeightSync.receive`, ``atomic``).
+:meth:`WeightSync.receive`, ``atomic``). FP8 engine parameters: sync_fp8.py.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ..planning.many import DEFAULT_BUCKET_BYTES, plan_many
 from ..runtime.errors import ReshardError
 from ..runtime.joint import JointGroup
 from ..runtime.many import last_many_stats, run_many
+from .sync_fp8 import Fp8Block, combine, plan_fp8, scale_names, scale_targets, trainer_maker
 from .sync_spec import NameMap, Route, describe_params, match_mapping, match_sides, merge_side
 from .sync_store import WeightSyncError, commit, exchange, forget
 
@@ -75,7 +76,11 @@ class WeightSync:
     name -> rule, :func:`meshcast.map_weights`'s, for fused and stacked engine tensors such as
     :func:`meshcast.llama_mapping`, the same on every rank) and planned once; any
     mismatch raises ``ValueError`` on every rank of both jobs, listing every problem. The wire
-    carries the engine's dtype: each trainer shard is converted by ``convert`` (default: a cast).
+    carries the engine's dtype: each trainer shard is converted by ``convert`` (default: a cast);
+    into an engine parameter in FP8 (``float8_e4m3fn``, ``float8_e5m2``) meshcast converts it,
+    scaled per ``fp8_block`` (a block size such as ``(128, 128)``, None per tensor, or ``{engine
+    name: block or None}``), exactly as the whole tensor, the engine declaring the scales as
+    parameter ``name + "_scale_inv"`` in :func:`meshcast.scale_layout`'s layout (sync_fp8.py).
     ``bucket_bytes`` bounds each rank's staging of packed messages; ``timeout`` every wait;
     ``atomic`` (default) stages received shards and copies them into the parameters only once the
     sync succeeded everywhere (costs one copy of this engine rank's parameters, kept between
@@ -87,7 +92,7 @@ class WeightSync:
         mapping: Mapping[str, Rule] | None = None, convert: Convert | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
         atomic: bool = True, version: int | None = None, strategy: str | None = None,
-        balance: str | None = None,
+        balance: str | None = None, fp8_block: Fp8Block = (128, 128),
     ) -> None:
         if not isinstance(group, JointGroup):
             raise TypeError(f"group must be a meshcast JointGroup (meshcast.connect), got "
@@ -110,10 +115,12 @@ class WeightSync:
                              f"{group.describe([bad[0][0]])}: {bad[0][1]}")
         sides = {role: merge_side({j: records[j]["params"] for j in group.ranks(role)}, role)
                  for role in ("trainer", "engine")}
-        offset = group.offset("engine")
+        offset, scales = group.offset("engine"), scale_names(sides["engine"])
+        engine = {n: e for n, e in sides["engine"].items() if n not in scales}
         self.routes: list[Route] = (
-            match_sides(sides["trainer"], sides["engine"], offset, name_map) if mapping is None
-            else match_mapping(sides["trainer"], sides["engine"], offset, mapping))
+            match_sides(sides["trainer"], engine, offset, name_map) if mapping is None
+            else match_mapping(sides["trainer"], engine, offset, mapping))
+        self.fp8 = plan_fp8(self.routes, sides["engine"], offset, fp8_block)
         self.plans = plan_many([r.task for r in self.routes], group.topology,
                                strategy=strategy, balance=balance)
 
@@ -130,20 +137,23 @@ class WeightSync:
         self._check_role("trainer", "push")
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int, got {type(version).__name__}")
-        me, shards, errors = self.group.me, [], []
-        for route in self.routes:
-            task, value = route.task, params.get(route.source)
-            if task.src_region(me) is None:
-                shards.append(None)
-                continue
-            shard = _local(value)
-            if shard is None:
-                errors.append(f"params[{route.source!r}] is missing on trainer rank "
-                              f"{self.group.rank}, which holds part of it")
-                shards.append(None)
-                continue
-            shards.append(self._maker(route.source, shard, _dtype(task)))
-        return self._run(shards, [None] * len(shards), errors, version, "push")[0]
+        me, local, errors = self.group.me, {}, []
+        for k, route in enumerate(self.routes):
+            if route.task.src_region(me) is not None:
+                local[k] = _local(params.get(route.source))
+                if local[k] is None:
+                    errors.append(f"params[{route.source!r}] is missing on trainer rank "
+                                  f"{self.group.rank}, which holds part of it")
+        fp8, amax = {f.index: f for f in self.fp8}, {}
+        shards = [None if local.get(k) is None
+                  else trainer_maker(fp8[k], local[k], me, amax) if k in fp8
+                  else self._maker(r.source, local[k], _dtype(r.task))
+                  for k, r in enumerate(self.routes)]
+
+        def prepare() -> None:  # the FP8 tensors' amax, before the weights move
+            amax.update(combine(self.fp8, local, self.group, self.timeout)[0])
+
+        return self._run(shards, [None] * len(shards), errors, version, "push", prepare)[0]
 
     def _maker(self, name: str, shard: torch.Tensor, dtype: torch.dtype):
         """The shard converted to the wire's dtype when the transfer first needs it (so the
@@ -169,11 +179,19 @@ class WeightSync:
             elif route.piece is not None:
                 target = self._whole(route, target, errors)
             targets[route.target] = target
+        scales = scale_targets(self.fp8, params, me, self.group.rank, _local, errors)
+        targets.update(scales)
         into = self._stage(targets) if self.atomic and params is not None else targets
+
+        def prepare() -> None:  # the FP8 tensors' scales, from the amax exchange
+            for name, value in combine(self.fp8, {}, self.group, self.timeout)[1].items():
+                if into.get(name) is not None:
+                    into[name].copy_(value)
+
         outs = [None if r.task.dst_region(me) is None or into.get(r.target) is None
                 else into[r.target] if r.piece is None else r.piece.dst_view(into[r.target], me)
                 for r in self.routes]
-        result, got = self._run([None] * len(outs), outs, errors, None, "receive")
+        result, got = self._run([None] * len(outs), outs, errors, None, "receive", prepare)
         for name, target in targets.items():
             if params is not None and target is not None and into[name] is not target:
                 target.copy_(into[name])  # the commit: every rank of both jobs succeeded
@@ -182,6 +200,8 @@ class WeightSync:
                 result.tensors[route.target] = (
                     params[route.target] if params is not None else
                     fresh if route.piece is None else targets[route.target])
+        for name in scales:
+            result.tensors[name] = targets[name] if params is None else params[name]
         self.version = result.version
         return result
 
@@ -215,12 +235,15 @@ class WeightSync:
         return {n: None if t is None else self._staging[n] for n, t in targets.items()}
 
     def _run(self, shards: list, outs: list, errors: list[str], version: int | None,
-             what: str) -> tuple[SyncResult, list[torch.Tensor | None]]:
+             what: str, prepare: Callable[[], None],
+             ) -> tuple[SyncResult, list[torch.Tensor | None]]:
         step, self.steps = self.steps, self.steps + 1
         caller = f"meshcast.WeightSync.{what}"
         started = time.perf_counter()
         failure: ReshardError | None = None
         try:
+            if self.fp8:
+                prepare()
             results = run_many(shards, self.plans, bucket_bytes=self.bucket_bytes,
                                timeout=self.timeout, names=[r.label for r in self.routes],
                                errors=errors, out=outs, group=self.group, caller=caller,

@@ -28,6 +28,7 @@ from ..core.scales import FP8_MAX, MIN_AMAX, touched_blocks
 from ..planning.amax import AmaxPlan
 from .errors import ReshardError
 from .execute import DEFAULT_TIMEOUT
+from .joint import JointGroup, group_rank, post, to_global_of
 from .tensors import torch_dtype
 
 __all__ = ["combine_amax", "partial_amax", "quantize", "quantize_shard", "scales_of"]
@@ -91,10 +92,13 @@ def quantize(
         scales.reshape(()) if block is None else scales)
 
 
-def _to_global(group: dist.ProcessGroup | None):
-    if group is None:
-        return lambda r: r
-    return lambda r: dist.get_global_rank(group, r)
+def _poster(group: dist.ProcessGroup | JointGroup | None):
+    """``(send, data, peer) -> Work`` over ``group`` (a joint group posts on its backend)."""
+    if isinstance(group, JointGroup):
+        return lambda send, data, peer: post(group, send, data, peer, _TAG)
+    to_global = to_global_of(group)
+    return lambda send, data, peer: (dist.isend if send else dist.irecv)(
+        data, to_global(peer), group=group, tag=_TAG)
 
 
 def _wait(works: list, me: int, what: str, timeout: float) -> None:
@@ -125,19 +129,20 @@ def combine_amax(
     plans: Sequence[AmaxPlan],
     partials: Sequence[torch.Tensor | None],
     *,
-    group: dist.ProcessGroup | None = None,
+    group: dist.ProcessGroup | JointGroup | None = None,
     rank: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
     """Run the exchanges of ``plans`` (one per tensor, the same on every rank) together: one
-    message per pair of ranks. Plan ranks are ranks of ``group`` (default: the default group);
+    message per pair of ranks. Plan ranks are ranks of ``group`` (default: the default group;
+    a :class:`~meshcast.runtime.joint.JointGroup`: joint ranks);
     ``rank`` is this rank's (default: its rank in ``group``); ``partials[k]`` its
     :func:`partial_amax` for plan k (None where it holds no block). Returns, per plan, this
     rank's whole ``amax`` of the blocks it touches (for :func:`quantize_shard`; None off the
     source) and the whole ``amax`` of its shard of the scale layout (its scales are
     :func:`scales_of` it, in the engine's dtype; None off it). A peer that fails or stays
     silent past ``timeout`` raises :class:`~meshcast.ReshardError` naming it."""
-    me = dist.get_rank(group) if rank is None else rank
+    me = group_rank(group) if rank is None else rank
     _check(plans, partials, me)
     known = [torch.zeros(len(p.known.get(me, ())), dtype=torch.float32) for p in plans]
     flat = [None if p is None else p.detach().float().reshape(-1) for p in partials]
@@ -146,20 +151,18 @@ def combine_amax(
             known[k][torch.as_tensor(plan.slots(me, plan.partial[me]))] = flat[k]
     peers = sorted({r for p in plans for c, r in p.messages if c == me}
                    | {c for p in plans for c, r in p.messages if r == me})
-    to_global, recvs, sends = _to_global(group), [], []
+    send, recvs, sends = _poster(group), [], []
     inbox = {}
     for peer in peers:
         n = sum(len(p.messages.get((peer, me), ())) for p in plans)
         if n:
             inbox[peer] = torch.empty(n, dtype=torch.float32)
-            recvs.append((peer, dist.irecv(inbox[peer], src=to_global(peer), group=group,
-                                           tag=_TAG)))
+            recvs.append((peer, send(False, inbox[peer], peer)))
     for peer in peers:
         parts = [flat[k][torch.as_tensor(p.send_slots(me, peer))]
                  for k, p in enumerate(plans) if (me, peer) in p.messages]
         if parts:
-            sends.append((peer, dist.isend(torch.cat(parts), dst=to_global(peer), group=group,
-                                           tag=_TAG)))
+            sends.append((peer, send(True, torch.cat(parts), peer)))
     _wait(recvs, me, "the partial amax from", timeout)
     _wait(sends, me, "the partial amax to", timeout)
     for peer, buf in inbox.items():
