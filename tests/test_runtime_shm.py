@@ -236,7 +236,7 @@ def test_chunks_are_grouped_into_pieces_the_same_way_on_both_sides() -> None:
     from meshcast.runtime.shm import PIECE_BYTES, Ring
 
     mib = 1 << 20
-    assert PIECE_BYTES == 4 * mib
+    assert 4 * mib == PIECE_BYTES
     ring = Ring([3 * mib, 3 * mib, mib, 5 * mib, 10])
     assert ring.piece_of == [0, 1, 1, 2, 3]
     assert ring.offset == [0, 0, 3 * mib, 0, 0]

@@ -3,6 +3,7 @@ on emulated clusters, every measured row next to its simulated time."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -189,8 +190,8 @@ def _case_rows(
     rows = []
     for m in names:
         sim_topo = _probed_topology(case, probe, nic_gbit, split_intra(m)[1])
-        rows.append(_measured_row(case, m, where, (sim_topo, bound), plans, same, skipped,
-                                  measured))
+        rows.append(_measured_row(case, m, where, (sim_topo, bound, probe.get("call_s", 0.0)),
+                                  plans, same, skipped, measured))
     return rows
 
 
@@ -205,13 +206,17 @@ def _check_methods(methods: Sequence[str], corrupt: str | None) -> None:
 def _probed_topology(case: BenchCase, probe: dict[str, float], nic_gbit: float,
                      intra: str | None = None) -> Topology:
     """The case's topology with the links the probe measured (planned values where it did not);
-    the intra-host rate of the runtime's path ``intra`` (None: the default path)."""
+    the intra-host rate of the runtime's path ``intra`` (None: the default path), and the
+    runtime's chunk as the broadcast chain's ``hop_bytes``."""
+    from ..runtime.execute import DEFAULT_CHUNK_BYTES  # torch: only when a run is measured
+
     inside = probe.get("intra_gbps", INTRA_GBPS)
-    return case.topology(
+    topo = case.topology(
         probe.get("cross_gbps", nic_gbit * PAYLOAD_FRACTION),
         inside if intra is None else probe.get(f"intra_gbps{INTRA_SEP}{intra}", inside),
         probe.get("latency_us", PLAN_LATENCY_US),
     )
+    return dataclasses.replace(topo, hop_bytes=float(DEFAULT_CHUNK_BYTES))
 
 
 class _ClusterPool:
@@ -268,15 +273,17 @@ def _measured_row(
     case: BenchCase,
     m: str,
     where: str,
-    sim_topo_bound: tuple[Topology, float],
+    sim_topo_bound: tuple[Topology, float, float],
     plans: dict[str, Plan],
     same: dict[str, str],
     skipped: dict[str, str],
     measured: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     """The result row of method ``m`` on ``case``: skipped, failed, or timed with its simulated
-    time on the topology of the links the probe measured (with its lower bound)."""
-    sim_topo, bound = sim_topo_bound
+    time on the topology of the links the probe measured (with its lower bound); a meshcast
+    method's simulated time adds the probe's fixed cost of one call (``call_s``: its agreement
+    and end, which the simulator does not model and every timed run includes)."""
+    sim_topo, bound, call_s = sim_topo_bound
     name, mode = m, split_intra(m)[1]
     m = split_intra(m)[0]
     row: dict[str, Any] = {
@@ -305,7 +312,7 @@ def _measured_row(
     sim = (
         baseline_model_s(case, m, sim_topo)
         if m in BASELINES
-        else simulate(plans[m], sim_topo).time_s
+        else simulate(plans[m], sim_topo).time_s + call_s
     )
     t = got["time_s"]
     row.update(got)

@@ -85,9 +85,10 @@ def _probe(rank: int, dph: int, hosts: int, nbytes: int,
     if dph > 1:
         for mode in intra or [None]:
             key = "intra_gbps" if mode is None else f"intra_gbps{INTRA_SEP}{mode}"
-            rate = _probe_runtime_intra(rank, nbytes, mode)
-            if rate is not None:
+            rate, call_s = _probe_runtime_intra(rank, nbytes, mode)
+            if rank == 0:
                 out[key] = rate
+                out.setdefault("call_s", call_s)
     if hosts > 1:
         dist.barrier()
         small = torch.zeros(1, dtype=torch.int32)
@@ -106,10 +107,12 @@ def _probe(rank: int, dph: int, hosts: int, nbytes: int,
     return out
 
 
-def _probe_runtime_intra(rank: int, nbytes: int, mode: str | None) -> float | None:
-    """Gbit/s of a ``meshcast.reshard`` Send of ``nbytes`` from rank 0 to rank 1 (host 0) on the
-    intra-host path ``mode`` (None: the default), the per-call cost taken off: (time of the big
-    call - time of a 4-byte call), medians of 3 after a warm-up. Only rank 0 returns it."""
+def _probe_runtime_intra(rank: int, nbytes: int, mode: str | None) -> tuple[float, float]:
+    """``(Gbit/s, call seconds)`` of ``meshcast.reshard`` Sends from rank 0 to rank 1 (host 0)
+    on the intra-host path ``mode`` (None: the default): the call seconds are a 4-byte call's
+    (the fixed cost of a call: its agreement, one operation, the end check), the rate is that of
+    ``nbytes`` with the call's cost taken off; medians of 3 after a warm-up (rank 0's are the
+    probe's)."""
     import torch
     import torch.distributed as dist
 
@@ -138,8 +141,8 @@ def _probe_runtime_intra(rank: int, nbytes: int, mode: str | None) -> float | No
         times[n] = statistics.median(got)
     if mode is not None:
         os.environ.pop("MESHCAST_INTRA")
-    spent = times[nbytes // 4] - times[1]
-    return nbytes * 8 / spent / 1e9 if rank == 0 and spent > 0 else None
+    spent = max(times[nbytes // 4] - times[1], 1e-6)
+    return nbytes * 8 / spent / 1e9, times[1]
 
 
 class _Baselines:
