@@ -130,6 +130,8 @@ def _job(rank: int) -> dict:
     counts = _count_shm()
     report = {"runs": _exact_runs(rank, counts), "in_place": _in_place(rank),
               "refusals": _refusals(rank)}
+    report["kept"] = _segments_mapped() > 0 if rank in (4, 5, 6, 7) else None
+    meshcast.clear_caches(["runtime.shm_segments", "runtime.shm_mappings"])
     report["mapped"] = _segments_mapped()
     report["threads"] = [t.name for t in threading.enumerate() if t.name.startswith("meshcast")]
     return report
@@ -150,7 +152,8 @@ def test_every_strategy_is_exact_through_shared_memory_and_sockets(job: list[dic
     assert used == {"shm": True, "socket": False}
 
 
-def test_segments_are_released_after_every_call(job: list[dict]) -> None:
+def test_segments_are_kept_for_reuse_and_released_by_clear_caches(job: list[dict]) -> None:
+    assert [r["kept"] for r in job[4:]] == [True] * 4
     assert [r["mapped"] for r in job] == [0] * 8
     assert [r["threads"] for r in job] == [[]] * 8
 

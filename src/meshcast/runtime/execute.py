@@ -19,6 +19,7 @@ from .detect import real_host_map
 from .errors import ReshardError
 from .p2p import Failures, Links
 from .runner import Runner
+from .segments import release_segments
 from .shm import INTRA_ENV, intra_mode
 from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
 from .transport_collectives import Collectives
@@ -213,7 +214,11 @@ def _transfer(
              else Collectives(group, to_global))
     Runner(plan, me, src, out, links, moves, failures, chunk_bytes, max_inflight_bytes,
            ordered).run()
-    finish_call(call, failures)
+    try:
+        finish_call(call, failures)
+    except ReshardError:
+        release_segments()  # a failed peer's shared memory goes once no survivor maps it
+        raise
     return into if into is not None else None if out is None else out.view(torch_dtype(task.dtype))
 
 

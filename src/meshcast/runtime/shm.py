@@ -7,11 +7,14 @@ member passing on its part) writes each chunk once into a ring of ``slots`` chun
 shared segment, and every consumer on its host copies it from there straight into its destination
 (any strides, no pack buffer): one copy in, one copy out per receiver, no socket payload.
 
-**Segments have no name.** A segment is a ``memfd`` (anonymous shared memory). The producer sends
-``(pid, fd, size, token)`` to its consumers, which map ``/proc/<pid>/fd/<fd>`` and check the token
-(a random number the producer wrote at the segment's start). Nothing is ever created in
-``/dev/shm`` or on disk, so nothing can leak: the kernel frees the memory when the last process
-holding the fd or a mapping closes it or dies, whatever way it ends.
+**Segments have no name** (segments.py). A segment is a ``memfd`` (anonymous shared memory).
+The producer sends ``(pid, fd, size, token, slots)`` to its consumers, which map
+``/proc/<pid>/fd/<fd>`` and check the token (a random number the producer wrote at the
+segment's start). Nothing is ever created in ``/dev/shm`` or on disk, so nothing can leak: the
+kernel frees the memory when the last process holding the fd or a mapping closes it or dies,
+whatever way it ends. A process keeps its free segments and its mappings for reuse (two caches
+bounded by bytes; a fresh segment costs a page fault per page on both sides), drops them all after
+a failed call, and on :func:`meshcast.clear_caches`.
 
 **Synchronisation** uses the same tagged messages as the data path, with no payload: a
 notification per chunk and consumer (producer -> consumer, tag of the operation; it carries the
@@ -31,7 +34,6 @@ copies nothing, and the call's error board makes every rank raise.
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 from collections import deque
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from .p2p import Budget, Failures, Links, PeerFault, Pending
+from .segments import INTRA_ENV, Segment, give_back, map_segment, take_segment
 
 __all__ = [
     "ACK_TAG",
@@ -47,15 +50,12 @@ __all__ = [
     "PIECE_BYTES",
     "SLOTS",
     "Ring",
-    "Segment",
     "ShmReader",
     "ShmWriter",
     "intra_mode",
     "shm_supported",
 ]
 
-INTRA_ENV = "MESHCAST_INTRA"
-"""Environment variable choosing the intra-host path of the ``"p2p"`` transport."""
 INTRA_MODES = ("shm", "socket")
 """``shm``: shared-memory segments (the default on Linux); ``socket``: loopback messages."""
 ACK_TAG = 1 << 29
@@ -65,9 +65,7 @@ SLOTS = 4
 PIECE_BYTES = 4 << 20
 """Consecutive chunks up to this many bytes share one slot, one notification and one
 acknowledgement (fewer messages per byte than one per chunk)."""
-_HEADER = 64
 _ALIGN = 64
-_NAME = "meshcast-segment"
 
 
 def shm_supported() -> bool:
@@ -86,63 +84,6 @@ def intra_mode() -> str:
     if raw == "shm" and not shm_supported():
         raise ValueError(f"${INTRA_ENV}=shm needs Linux memfd_create; use 'socket' here")
     return raw
-
-
-class Segment:
-    """An anonymous shared segment: ``data`` (uint8) after a header holding ``token``."""
-
-    def __init__(self, storage: torch.UntypedStorage, fd: int | None, size: int, token: int):
-        self.fd, self.size, self.token = fd, size, token
-        whole = torch.empty(0, dtype=torch.uint8).set_(storage)
-        self.data = whole[_HEADER:]
-        self._head = whole[:8].view(torch.int64)
-
-    @classmethod
-    def create(cls, nbytes: int) -> Segment:
-        """A new segment of ``nbytes`` usable bytes, owned by this process until :meth:`close`."""
-        fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
-        try:
-            size = _HEADER + nbytes
-            os.ftruncate(fd, size)
-            storage = torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=True,
-                                                     nbytes=size)
-        except BaseException:
-            os.close(fd)
-            raise
-        seg = cls(storage, fd, size, secrets.randbits(62))
-        seg._head[0] = seg.token
-        return seg
-
-    def handle(self) -> torch.Tensor:
-        """What a consumer needs to :meth:`attach`: ``int64 [pid, fd, size, token]``."""
-        return torch.tensor([os.getpid(), self.fd, self.size, self.token], dtype=torch.int64)
-
-    @classmethod
-    def attach(cls, handle: torch.Tensor) -> Segment:
-        """Map the producer's segment; raises ``OSError`` saying why it is not reachable (another
-        machine or PID namespace: use ``MESHCAST_INTRA=socket`` there)."""
-        pid, fd, size, token = (int(x) for x in handle.tolist())
-        path = f"/proc/{pid}/fd/{fd}"
-        try:
-            target = os.readlink(path)
-        except OSError as exc:
-            raise OSError(f"the producer's segment {path} is not reachable ({exc}); ranks that "
-                          f"do not share a machine need ${INTRA_ENV}=socket") from None
-        if not target.startswith(f"/memfd:{_NAME}"):
-            raise OSError(f"{path} is {target!r}, not the producer's segment; ranks that do not "
-                          f"share a machine need ${INTRA_ENV}=socket")
-        seg = cls(torch.UntypedStorage.from_file(path, shared=True, nbytes=size), None, size,
-                  token)
-        if int(seg._head[0]) != token:
-            raise OSError(f"{path} holds another segment (token mismatch); ranks that do not "
-                          f"share a machine need ${INTRA_ENV}=socket")
-        return seg
-
-    def close(self) -> None:
-        """Close the fd (the mapping goes when the last view of ``data`` does)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def _slot_view(seg: Segment, offset: int, like: torch.Tensor) -> torch.Tensor:
@@ -209,10 +150,10 @@ class ShmWriter:
         budget.acquire(self.nbytes, alone=True)
         if not failures.degraded.is_set():
             try:
-                self.segment = Segment.create(self.nbytes)
+                self.segment = take_segment(self.nbytes)
             except Exception as exc:
                 failures.error(f"{what}: creating a shared segment", exc)
-        handle = self.segment.handle() if self.segment is not None else None
+        handle = self.segment.handle(self.slots) if self.segment is not None else None
         for c in consumers:
             self._send(c, handle, f"{what}: segment to {c}")
 
@@ -273,7 +214,7 @@ class ShmWriter:
                     self.failures.peer(fault)
         finally:
             if self.segment is not None:
-                self.segment.close()
+                give_back(self.segment)
                 self.segment = None
             self.budget.release(self.nbytes)
 
@@ -326,15 +267,15 @@ class ShmReader:
             return False
 
     def _loop(self, acks: list[object]) -> None:
-        handle = torch.zeros(4, dtype=torch.int64)
+        handle = torch.zeros(5, dtype=torch.int64)
         seg = None
         if self._recv(handle, f"{self.what}: segment from {self.producer}") and handle[0]:
             try:
-                seg = Segment.attach(handle)
+                seg = map_segment(handle)
             except OSError as exc:
                 self.failures.error(f"{self.what}: mapping rank {self.producer}'s segment", exc)
         ring = Ring([v.numel() * v.element_size() for v in self.views])
-        slots = 1 if seg is None else max(1, seg.data.numel() // ring.slot_bytes)
+        slots = 1 if seg is None else max(1, int(handle[4]))
         first = 0
         for p, last in enumerate(ring.last):
             what = f"{self.what}: piece {p + 1}/{len(ring.last)} from {self.producer}"
