@@ -109,9 +109,9 @@ class Relay:
                 self.budget.release(extra)
             while self.forwarding:
                 self._finish_forward()
-            if self.writer is not None:
+            self.done.done.set()  # this rank's part is complete; its host's receivers finish
+            if self.writer is not None:  # copying from the segment while the rank goes on
                 self.writer.close()
-            self.done.done.set()
 
     def _loop(self) -> None:
         nxt = 0

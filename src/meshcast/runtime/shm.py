@@ -202,6 +202,22 @@ class ShmWriter:
             except PeerFault as fault:
                 self.failures.peer(fault)
 
+    def pending(self, ranks: tuple[int, ...]) -> Pending:
+        """What is left once every piece is published, as an item for the runner's reaper: the
+        consumers' acknowledgements and this side's messages; it keeps the segment for reuse and
+        frees its budget when they are complete (the producer's rank goes on meanwhile, as it
+        does when the kernel buffers a socket's last chunks)."""
+        works = [(c, w) for _, acks in self.acks for c, w in acks] + self.sends
+        self.acks.clear()
+        self.sends = []
+        segment, self.segment = self.segment, None
+
+        def keep() -> None:
+            if segment is not None:
+                give_back(segment)
+
+        return Pending(works, f"{self.what}: shared-memory consumers", ranks, self.nbytes, keep)
+
     def close(self) -> None:
         """Wait until every consumer has copied every piece; release the segment."""
         try:

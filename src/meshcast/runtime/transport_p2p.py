@@ -115,8 +115,8 @@ class PointToPoint:
                 if writer is not None:
                     writer.put(k, shard[shard_region.local(chunk)])
         finally:
-            if writer is not None:
-                writer.close()
+            if writer is not None:  # completed by the reaper: this rank goes on meanwhile
+                runner.reaper.add(writer.pending(ranks))
 
     @staticmethod
     def _post_sends(runner: Runner, shard, shard_region: Region, chunk: Box, live: list[int],
