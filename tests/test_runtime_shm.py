@@ -193,14 +193,14 @@ def _dies_mid_fan_out(rank: int, victim: int, out_dir: str) -> str:
 
             shm.ShmWriter.put = dying_put
         else:
-            recv = shm.ShmReader._recv
+            wait = shm.ShmReader._wait
 
-            def dying_recv(self, buf, what):
+            def dying_wait(self, work, what):
                 if "piece 2/" in what:
                     os._exit(3)
-                return recv(self, buf, what)
+                return wait(self, work, what)
 
-            shm.ShmReader._recv = dying_recv
+            shm.ShmReader._wait = dying_wait
     os.environ["MESHCAST_INTRA"] = "shm"
     task = ReshardTask((4 << 20,), "int32", Layout(Mesh([[0]]), "R"), Layout(DST, "R"))
     local = torch.ones(4 << 20, dtype=torch.int32) if rank == 0 else None

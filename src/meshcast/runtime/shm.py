@@ -57,11 +57,14 @@ __all__ = [
 ]
 
 INTRA_MODES = ("shm", "socket")
-"""``shm``: shared-memory segments (the default on Linux); ``socket``: loopback messages."""
+"""``shm``: shared-memory segments (opt-in, Linux); ``socket``: loopback messages (the
+default)."""
 ACK_TAG = 1 << 29
 """Added to an operation's tag for a consumer's acknowledgements (away from every data tag)."""
 SLOTS = 4
 """Pieces a producer's segment holds at most (fewer where ``max_inflight_bytes`` is smaller)."""
+POSTED = 2
+"""Notifications a consumer keeps posted ahead (so a piece's message needs no round trip)."""
 PIECE_BYTES = 4 << 20
 """Consecutive chunks up to this many bytes share one slot, one notification and one
 acknowledgement (fewer messages per byte than one per chunk)."""
@@ -74,11 +77,12 @@ def shm_supported() -> bool:
 
 
 def intra_mode() -> str:
-    """The intra-host path ``$MESHCAST_INTRA`` asks for (:data:`INTRA_MODES`); unset: ``"shm"``
-    where :func:`shm_supported`, else ``"socket"``. A bad value is a ``ValueError``."""
+    """The intra-host path ``$MESHCAST_INTRA`` asks for (:data:`INTRA_MODES`); unset:
+    ``"socket"`` (shared memory is opt-in until the pipeline runtime's hang with it is fixed,
+    docs/runtime.md). A bad value is a ``ValueError``."""
     raw = os.environ.get(INTRA_ENV, "").strip().lower()
     if not raw:
-        return "shm" if shm_supported() else "socket"
+        return "socket"
     if raw not in INTRA_MODES:
         raise ValueError(f"${INTRA_ENV} must be 'shm' or 'socket' (or unset), got {raw!r}")
     if raw == "shm" and not shm_supported():
@@ -250,6 +254,7 @@ class ShmReader:
     done: Pending
 
     def __post_init__(self) -> None:
+        self.posted: deque = deque()  # receives of the next notifications, posted ahead
         self.waiting: tuple[int | None, str] = (self.producer, self.what)
         self.done.current = lambda: self.waiting
         self._empty = torch.empty(0, dtype=torch.uint8)
@@ -262,6 +267,8 @@ class ShmReader:
         except BaseException as exc:
             self.failures.error(f"{self.what}: shared-memory receive", exc)
         finally:
+            while self.posted:  # after an unexpected error: complete what was posted
+                self._wait(self.posted.popleft(), f"{self.what}: piece from {self.producer}")
             for work in acks:
                 try:
                     self.links.wait(work, self.producer, f"{self.what}: acknowledgement")
@@ -269,33 +276,48 @@ class ShmReader:
                     self.failures.peer(fault)
             self.done.done.set()
 
-    def _recv(self, buf: torch.Tensor, what: str) -> bool:
-        """Receive one message from the producer into ``buf``; False if it failed."""
+    def _post(self, buf: torch.Tensor, what: str) -> object | None:
+        """Post the receive of one message from the producer into ``buf`` (None: not posted)."""
         if self.failures.closed(self.producer):
+            return None
+        try:
+            return self.links.irecv(buf, self.producer, self.tag, what)
+        except PeerFault as fault:
+            self.failures.peer(fault)
+            return None
+
+    def _wait(self, work: object | None, what: str) -> bool:
+        """Complete a posted receive; False if it was not posted or failed."""
+        if work is None:
             return False
         self.waiting = (self.producer, what)
         try:
-            self.links.wait(self.links.irecv(buf, self.producer, self.tag, what), self.producer,
-                            what)
+            self.links.wait(work, self.producer, what)
             return True
         except PeerFault as fault:
             self.failures.peer(fault)
             return False
 
+    def _what(self, p: int, n: int) -> str:
+        return f"{self.what}: piece {p + 1}/{n} from {self.producer}"
+
     def _loop(self, acks: list[object]) -> None:
         handle = torch.zeros(5, dtype=torch.int64)
         seg = None
-        if self._recv(handle, f"{self.what}: segment from {self.producer}") and handle[0]:
+        what = f"{self.what}: segment from {self.producer}"
+        if self._wait(self._post(handle, what), what) and handle[0]:
             try:
                 seg = map_segment(handle)
             except OSError as exc:
                 self.failures.error(f"{self.what}: mapping rank {self.producer}'s segment", exc)
         ring = Ring([v.numel() * v.element_size() for v in self.views])
-        slots = 1 if seg is None else max(1, int(handle[4]))
+        n, slots = len(ring.last), 1 if seg is None else max(1, int(handle[4]))
         first = 0
         for p, last in enumerate(ring.last):
-            what = f"{self.what}: piece {p + 1}/{len(ring.last)} from {self.producer}"
-            ok = self._recv(self._empty, what)
+            while len(self.posted) < POSTED and p + len(self.posted) < n:  # ahead of the data
+                q = p + len(self.posted)
+                self.posted.append(self._post(self._empty, self._what(q, n)))
+            ok = self._wait(self.posted.popleft(), self._what(p, n))
             if ok and seg is not None and not self.failures.degraded.is_set():
                 for k in range(first, last + 1):
                     at = (p % slots) * ring.slot_bytes + ring.offset[k]
@@ -304,6 +326,6 @@ class ShmReader:
             if self.failures.sendable(self.producer):
                 try:
                     acks.append(self.links.control(self._empty, self.producer,
-                                                   ACK_TAG + self.tag, what))
+                                                   ACK_TAG + self.tag, self._what(p, n)))
                 except PeerFault as fault:
                     self.failures.peer(fault)

@@ -3,10 +3,10 @@
 is never needed; broadcasts follow the host-aware chain of broadcast.py.
 
 Between ranks of one host (by the real host map), a move goes through a
-shared-memory segment instead of loopback sockets where ``intra="shm"`` (shm.py; the default on
-Linux, ``MESHCAST_INTRA=socket`` chooses the sockets): a broadcast's sender and leaders feed their
-host's receivers, a ``Send`` inside a host and an all-gather member's part to the members of its
-host go through it.
+shared-memory segment instead of loopback sockets where ``intra="shm"`` (shm.py;
+``MESHCAST_INTRA=shm`` chooses it, sockets are the default): a broadcast's sender and leaders
+feed their host's receivers, a ``Send`` inside a host and an all-gather member's part to the
+members of its host go through it.
 
 After a failure the rank goes on exchanging its messages with every peer whose connection still
 works, sending empty placeholders instead of data (p2p.py), so its peers finish at once, find the
