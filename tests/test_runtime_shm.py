@@ -246,3 +246,22 @@ def test_chunks_are_grouped_into_pieces_the_same_way_on_both_sides() -> None:
     assert ring.last == [0, 2, 3, 4]
     assert [ring.piece_bytes(p) for p in range(4)] == [3 * mib, 4 * mib, 5 * mib, 10]
     assert ring.slot_bytes == 5 * mib
+
+
+def _planned_for_other_hosts(rank: int) -> list[bool]:
+    os.environ["MESHCAST_INTRA"] = "shm"
+    topo = Topology.uniform(2, 2)  # the plan's hosts {0, 1} {2, 3}; the job's: one machine
+    got = []
+    for dst in ([[2, 3]], [[1, 2, 3]], [[3], [1]]):
+        task = ReshardTask((40, 8), "int32", Layout(Mesh([[0]]), "RR"), Layout(Mesh(dst), "RR"))
+        full = _full(task.shape)
+        p = meshcast.plan(task, topo, strategy="broadcast")
+        out = meshcast.reshard(full.clone() if rank == 0 else None, p, chunk_bytes=96)
+        got.append(out is None if task.dst_box(rank) is None else torch.equal(out, full))
+    return got
+
+
+def test_a_broadcast_planned_for_other_hosts_than_the_real_ones_is_exact() -> None:
+    # the chain's next leader sits on the sender's real host: it must still get messages
+    got = meshcast.launch(_planned_for_other_hosts, 4, timeout=300)
+    assert got == [[True] * 3] * 4

@@ -57,8 +57,7 @@ __all__ = [
 ]
 
 INTRA_MODES = ("shm", "socket")
-"""``shm``: shared-memory segments (opt-in, Linux); ``socket``: loopback messages (the
-default)."""
+"""``shm``: shared-memory segments (the default on Linux); ``socket``: loopback messages."""
 ACK_TAG = 1 << 29
 """Added to an operation's tag for a consumer's acknowledgements (away from every data tag)."""
 SLOTS = 4
@@ -77,12 +76,11 @@ def shm_supported() -> bool:
 
 
 def intra_mode() -> str:
-    """The intra-host path ``$MESHCAST_INTRA`` asks for (:data:`INTRA_MODES`); unset:
-    ``"socket"`` (shared memory is opt-in until the pipeline runtime's hang with it is fixed,
-    docs/runtime.md). A bad value is a ``ValueError``."""
+    """The intra-host path ``$MESHCAST_INTRA`` asks for (:data:`INTRA_MODES`); unset: ``"shm"``
+    where :func:`shm_supported`, else ``"socket"``. A bad value is a ``ValueError``."""
     raw = os.environ.get(INTRA_ENV, "").strip().lower()
     if not raw:
-        return "socket"
+        return "shm" if shm_supported() else "socket"
     if raw not in INTRA_MODES:
         raise ValueError(f"${INTRA_ENV} must be 'shm' or 'socket' (or unset), got {raw!r}")
     if raw == "shm" and not shm_supported():

@@ -3,9 +3,9 @@
 is never needed; broadcasts follow the host-aware chain of broadcast.py.
 
 Between ranks of one host (by the real host map), a move goes through a
-shared-memory segment instead of loopback sockets where ``intra="shm"`` (shm.py;
-``MESHCAST_INTRA=shm`` chooses it, sockets are the default): a broadcast's sender and leaders
-feed their host's receivers, a ``Send`` inside a host and an all-gather member's part to the
+shared-memory segment instead of loopback sockets where ``intra="shm"`` (shm.py; the default on
+Linux, ``MESHCAST_INTRA=socket`` chooses the sockets): a broadcast's sender and leaders feed
+their own receivers, a ``Send`` inside a host and an all-gather member's part to the
 members of its host go through it.
 
 After a failure the rank goes on exchanging its messages with every peer whose connection still
@@ -61,14 +61,17 @@ class PointToPoint:
         chain = broadcast_chain(op, runner.plan.topology.hosts_by_rank)
         role, feeder, targets = chain_role(chain, runner.me)
         what = f"op {i} (broadcast from {op.src})"
+        # only this rank's own members may read a segment: the next leader runs a relay, which
+        # receives messages (even where the real hosts put it beside this rank)
+        members = next((set(m) for leader, m in chain if leader == runner.me), set())
         if role == "sender":
             self._send(runner, runner.local, runner.src_region, op.box, targets, i, what,
-                       op.ranks())
+                       op.ranks(), members)
         elif role == "member":
             self._recv(runner, op.box, feeder, i, what, op.ranks())
         else:
             done = Pending([], f"{what}: relay", op.ranks(), box=op.box)
-            shared = [t for t in targets if self.local(runner, t)]
+            shared = [t for t in targets if t in members and self.local(runner, t)]
             relay = Relay(runner.links, runner.budget, runner.failures, runner.out,
                           runner.dst_region, op, i, feeder,
                           [t for t in targets if t not in shared], runner.chunk_bytes,
@@ -98,10 +101,14 @@ class PointToPoint:
             self._send(runner, runner.out, runner.dst_region, part, others, i, what, op.group)
 
     def _send(self, runner: Runner, shard, shard_region: Region, box: Box, targets: list[int],
-              index: int, what: str, ranks: tuple[int, ...]) -> None:
+              index: int, what: str, ranks: tuple[int, ...],
+              readers: set[int] | None = None) -> None:
+        """Send ``box`` of ``shard`` to ``targets``: through a segment to those on this host
+        (among ``readers``, if given), as messages to the others."""
         failures, links = runner.failures, runner.links
         chunks = chunk_boxes(box, runner.itemsize, runner.chunk_bytes)
-        shared = [t for t in targets if self.local(runner, t)]
+        shared = [t for t in targets if (readers is None or t in readers)
+                  and self.local(runner, t)]
         sockets = [t for t in targets if t not in shared]
         writer = None
         if shared and chunks:
