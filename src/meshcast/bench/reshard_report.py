@@ -125,6 +125,9 @@ def markdown_report(doc: dict[str, Any]) -> str:
             if what == "across":
                 v = r.get("cross_host_bytes")
                 return "-" if v is None else f"{v / 2**20:.0f}"
+            if what == "cpu":
+                v = r.get("cpu_s_per_gib")
+                return "-" if v is None else f"{v:.2f}"
             return f"{r['sim_ratio']:.2f}"
 
         tables = [
@@ -134,6 +137,7 @@ def markdown_report(doc: dict[str, Any]) -> str:
         ]
         if measured:
             tables.append(("sim", "simulated / measured time"))
+            tables.append(("cpu", "CPU seconds (all ranks, user + system) per GiB delivered"))
         for what, title in tables:
             out.append(f"**{suite}: {title}**\n")
             out.append("| method | " + " | ".join(cases) + " |")

@@ -3,6 +3,7 @@ on emulated clusters, every measured row next to its simulated time."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +16,14 @@ from ..estimate.simulate import simulate
 from .reshard_cases import BASELINES, METHODS, PAYLOAD_FRACTION, PLAN_LATENCY_US, BenchCase
 from .reshard_methods import applies, baseline_model_s, build_plans
 from .reshard_report import simulated_rows
-from .reshard_worker import JobSpec, case_worker, check_results, merge_probe
+from .reshard_worker import (
+    INTRA_SEP,
+    JobSpec,
+    case_worker,
+    check_results,
+    merge_probe,
+    split_intra,
+)
 
 RANK_START_S = 1.2
 """Estimated start-up seconds per rank of a job on this 2-core machine (spawn + import torch)."""
@@ -24,14 +32,23 @@ RUN_OVERHEAD_S = 0.25
 
 
 def count_runs(
-    cases: Sequence[BenchCase], methods: Sequence[str], reps: int, warmup: int, nic_gbit: float
+    cases: Sequence[BenchCase], methods: Sequence[str], reps: int, warmup: int, nic_gbit: float,
+    intra: Sequence[str] = (),
 ) -> int:
-    """Runs a measured suite makes (identical plans of a case run once)."""
+    """Runs a measured suite makes (identical plans of a case run once; every meshcast method
+    once per mode of ``intra``)."""
     total = 0
     for c in cases:
         topo = c.topology(nic_gbit * PAYLOAD_FRACTION, INTRA_GBPS, PLAN_LATENCY_US)
-        total += len(job_methods(c, methods, topo)[0]) * (warmup + reps)
+        total += len(with_intra(job_methods(c, methods, topo)[0], intra)) * (warmup + reps)
     return total
+
+
+def with_intra(methods: Sequence[str], intra: Sequence[str]) -> list[str]:
+    """Each meshcast method once per intra-host mode (``METHOD+MODE``, run with
+    ``$MESHCAST_INTRA=MODE``); baselines, and every method when ``intra`` is empty, as they are."""
+    return [f"{m}{INTRA_SEP}{mode}" if mode else m
+            for m in methods for mode in ([None] if m in BASELINES or not intra else intra)]
 
 
 def estimate_s(
@@ -110,6 +127,7 @@ def run_suite(
     progress: Callable[[int], None] | None = None,
     timeout: float = 600.0,
     log: Callable[[str], None] | None = None,
+    intra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run every case (one job per case, all methods inside it) and return the results.
 
@@ -118,7 +136,8 @@ def run_suite(
     loopback (``launch(hosts=...)``, unshaped: hosts exist for planning only). ``progress`` gets
     the number of runs done so far. Returns ``{"rows": [...], "failures": [...], "probes":
     {...}}``; a method whose data was wrong in any run (or whose job failed) has no timings,
-    only an entry in ``failures``."""
+    only an entry in ``failures``. ``intra``: run every meshcast method once per intra-host mode
+    (runtime/shm.py; rows named ``METHOD+MODE``), in the same job."""
     import shutil
     import tempfile
 
@@ -134,29 +153,46 @@ def run_suite(
         for case in cases:
             plan_topo = case.topology(nic_gbit * PAYLOAD_FRACTION, INTRA_GBPS, PLAN_LATENCY_US)
             run_list, plans, same, skipped = job_methods(case, methods, plan_topo)
+            run_list = with_intra(run_list, intra)
             path = os.path.join(tmp, f"{case.key}.progress")
-            spec = JobSpec(case, run_list, {m: plans[m] for m in run_list if m in plans}, reps,
-                           warmup, corrupt, path, timeout=timeout)
+            runs = {m: plans[split_intra(m)[0]] for m in run_list if split_intra(m)[0] in plans}
+            spec = JobSpec(case, run_list, runs, reps, warmup, corrupt, path, timeout=timeout)
             with _ProgressWatcher(path, done, progress):
                 measured, probe, where = _measure_case(spec, pool, timeout, say)
             done += len(run_list) * (warmup + reps)
             if progress:
                 progress(done)
             probes[case.key] = probe
-            sim_topo = _probed_topology(case, probe, nic_gbit)
-            bound = lower_bound(case.task, sim_topo)
-            for m in methods:
-                row = _measured_row(case, m, where, (sim_topo, bound), plans, same, skipped,
-                                    measured)
+            for row in _case_rows(case, with_intra(methods, intra), where, probe, nic_gbit,
+                                  (plans, same, skipped), measured):
                 if "error" in row:
-                    failures.append({"case": case.key, "method": m, "error": row["error"]})
-                    say(f"[bold red]{case.key} {m}: {row['error']}: not reported")
+                    failures.append({"case": case.key, "method": row["method"],
+                                     "error": row["error"]})
+                    say(f"[bold red]{case.key} {row['method']}: {row['error']}: not reported")
                 rows.append(row)
     finally:
         if pool is not None:
             pool.down()
         shutil.rmtree(tmp, ignore_errors=True)
     return {"rows": rows, "failures": failures, "probes": probes}
+
+
+def _case_rows(
+    case: BenchCase, names: list[str], where: str, probe: dict[str, float], nic_gbit: float,
+    made: tuple[dict[str, Plan], dict[str, str], dict[str, str]],
+    measured: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The rows of one case's runs ``names`` (``METHOD`` or ``METHOD+MODE``); every row's
+    simulated time on the probed links of its intra-host path, one lower bound for all."""
+    plans, same, skipped = made
+    first = next((split_intra(n)[1] for n in names if split_intra(n)[1]), None)
+    bound = lower_bound(case.task, _probed_topology(case, probe, nic_gbit, first))
+    rows = []
+    for m in names:
+        sim_topo = _probed_topology(case, probe, nic_gbit, split_intra(m)[1])
+        rows.append(_measured_row(case, m, where, (sim_topo, bound, probe.get("call_s", 0.0)),
+                                  plans, same, skipped, measured))
+    return rows
 
 
 def _check_methods(methods: Sequence[str], corrupt: str | None) -> None:
@@ -167,13 +203,20 @@ def _check_methods(methods: Sequence[str], corrupt: str | None) -> None:
         raise ValueError(f"corrupt={corrupt!r}: give a method name or '*'")
 
 
-def _probed_topology(case: BenchCase, probe: dict[str, float], nic_gbit: float) -> Topology:
-    """The case's topology with the links the probe measured (planned values where it did not)."""
-    return case.topology(
+def _probed_topology(case: BenchCase, probe: dict[str, float], nic_gbit: float,
+                     intra: str | None = None) -> Topology:
+    """The case's topology with the links the probe measured (planned values where it did not);
+    the intra-host rate of the runtime's path ``intra`` (None: the default path), and the
+    runtime's chunk as the broadcast chain's ``hop_bytes``."""
+    from ..runtime.execute import DEFAULT_CHUNK_BYTES  # torch: only when a run is measured
+
+    inside = probe.get("intra_gbps", INTRA_GBPS)
+    topo = case.topology(
         probe.get("cross_gbps", nic_gbit * PAYLOAD_FRACTION),
-        probe.get("intra_gbps", INTRA_GBPS),
+        inside if intra is None else probe.get(f"intra_gbps{INTRA_SEP}{intra}", inside),
         probe.get("latency_us", PLAN_LATENCY_US),
     )
+    return dataclasses.replace(topo, hop_bytes=float(DEFAULT_CHUNK_BYTES))
 
 
 class _ClusterPool:
@@ -230,20 +273,24 @@ def _measured_row(
     case: BenchCase,
     m: str,
     where: str,
-    sim_topo_bound: tuple[Topology, float],
+    sim_topo_bound: tuple[Topology, float, float],
     plans: dict[str, Plan],
     same: dict[str, str],
     skipped: dict[str, str],
     measured: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     """The result row of method ``m`` on ``case``: skipped, failed, or timed with its simulated
-    time on the topology of the links the probe measured (with its lower bound)."""
-    sim_topo, bound = sim_topo_bound
+    time on the topology of the links the probe measured (with its lower bound); a meshcast
+    method's simulated time adds the probe's fixed cost of one call (``call_s``: its agreement
+    and end, which the simulator does not model and every timed run includes)."""
+    sim_topo, bound, call_s = sim_topo_bound
+    name, mode = m, split_intra(m)[1]
+    m = split_intra(m)[0]
     row: dict[str, Any] = {
         "suite": case.suite,
         "case": case.key,
         "label": case.label,
-        "method": m,
+        "method": name,
         "hosts": case.hosts,
         "devices_per_host": case.devices_per_host,
         "world": case.world,
@@ -255,14 +302,17 @@ def _measured_row(
     if m in skipped:
         row["skipped"] = skipped[m]
         return row
-    got = measured.get(same.get(m, m), {"error": "not run"})
+    if mode is not None:
+        row["intra"] = mode
+    suffix = "" if mode is None else INTRA_SEP + mode
+    got = measured.get(same.get(m, m) + suffix, {"error": "not run"})
     if "error" in got:
         row["error"] = got["error"]
         return row
     sim = (
         baseline_model_s(case, m, sim_topo)
         if m in BASELINES
-        else simulate(plans[m], sim_topo).time_s
+        else simulate(plans[m], sim_topo).time_s + call_s
     )
     t = got["time_s"]
     row.update(got)
@@ -274,5 +324,5 @@ def _measured_row(
         sim_model="bandwidth model" if m in BASELINES else "simulator",
     )
     if m in same:
-        row["same_plan_as"] = same[m]
+        row["same_plan_as"] = same[m] + suffix
     return row

@@ -3,6 +3,8 @@ and the merge of the ranks' results (:func:`check_results`)."""
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -48,9 +50,13 @@ def _values(box: Box, shape: tuple[int, ...]):
     return idx.to(torch.int32).contiguous()
 
 
-def _probe(rank: int, dph: int, hosts: int, nbytes: int) -> dict[str, float]:
-    """Link speeds seen by the job: host 0 -> host 1 and rank 0 -> 1 (payload Gbit/s, median of
-    3 after a warm-up) and the one-way latency of a 4-byte message (ping-pong / 2, median of 20)."""
+def _probe(rank: int, dph: int, hosts: int, nbytes: int,
+           intra: list[str] | None = None) -> dict[str, float]:
+    """Link speeds seen by the job: host 0 -> host 1 and rank 0 -> 1 (payload Gbit/s of a plain
+    ``dist.send``, median of 3 after a warm-up: ``cross_gbps``, ``intra_socket_gbps``), the
+    runtime's own intra-host rate (:func:`_probe_runtime_intra`: ``intra_gbps``, or
+    ``intra_gbps+MODE`` per mode of ``intra``) and the one-way latency of a 4-byte message
+    (ping-pong / 2, median of 20)."""
     import torch
     import torch.distributed as dist
 
@@ -59,7 +65,7 @@ def _probe(rank: int, dph: int, hosts: int, nbytes: int) -> dict[str, float]:
     if hosts > 1:
         pairs.append(("cross_gbps", 0, dph))
     if dph > 1:
-        pairs.append(("intra_gbps", 0, 1))
+        pairs.append(("intra_socket_gbps", 0, 1))
     buf = torch.zeros(nbytes // 4, dtype=torch.int32)
     for name, a, b in pairs:
         dist.barrier()
@@ -76,6 +82,13 @@ def _probe(rank: int, dph: int, hosts: int, nbytes: int) -> dict[str, float]:
                 dist.send(buf[:1], a)
         if rank == a:
             out[name] = nbytes * 8 / statistics.median(times) / 1e9
+    if dph > 1:
+        for mode in intra or [None]:
+            key = "intra_gbps" if mode is None else f"intra_gbps{INTRA_SEP}{mode}"
+            rate, call_s = _probe_runtime_intra(rank, nbytes, mode)
+            if rank == 0:
+                out[key] = rate
+                out.setdefault("call_s", call_s)
     if hosts > 1:
         dist.barrier()
         small = torch.zeros(1, dtype=torch.int32)
@@ -92,6 +105,44 @@ def _probe(rank: int, dph: int, hosts: int, nbytes: int) -> dict[str, float]:
         if rank == 0:
             out["latency_us"] = statistics.median(times[1:]) * 1e6
     return out
+
+
+def _probe_runtime_intra(rank: int, nbytes: int, mode: str | None) -> tuple[float, float]:
+    """``(Gbit/s, call seconds)`` of ``meshcast.reshard`` Sends from rank 0 to rank 1 (host 0)
+    on the intra-host path ``mode`` (None: the default): the call seconds are a 4-byte call's
+    (the fixed cost of a call: its agreement, one operation, the end check), the rate is that of
+    ``nbytes`` with the call's cost taken off; medians of 3 after a warm-up (rank 0's are the
+    probe's)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..core.layout import Layout
+    from ..core.mesh import Mesh
+    from ..core.task import ReshardTask
+    from ..planning.planner import plan
+    from ..runtime import reshard
+
+    if mode is not None:
+        os.environ["MESHCAST_INTRA"] = mode
+    times = {}
+    for n in (1, nbytes // 4):
+        task = ReshardTask((n,), "int32", Layout(Mesh([[0]]), "R"), Layout(Mesh([[1]]), "R"))
+        p = plan(task, strategy="send_recv")
+        local = torch.zeros(n, dtype=torch.int32) if rank == 0 else None
+        got = []
+        for i in range(4):
+            dist.barrier()
+            t0 = time.monotonic()
+            if rank in (0, 1):
+                reshard(local, p)
+            dist.barrier()
+            if i:
+                got.append(time.monotonic() - t0)
+        times[n] = statistics.median(got)
+    if mode is not None:
+        os.environ.pop("MESHCAST_INTRA")
+    spent = max(times[nbytes // 4] - times[1], 1e-6)
+    return nbytes * 8 / spent / 1e9, times[1]
 
 
 class _Baselines:
@@ -173,9 +224,25 @@ class _Baselines:
         return out
 
 
-RunRecord = tuple[float, float, bool | None, int, int | None]
+RunRecord = tuple[float, float, bool | None, int, int | None, float]
 """One run on one rank: (start, end, exact (None: receives nothing), cross-host bytes, NIC
-bytes)."""
+bytes, CPU seconds of the process (user + system, all its threads) from start to end)."""
+
+INTRA_SEP = "+"
+"""``METHOD+MODE``: the method run with ``$MESHCAST_INTRA=MODE`` (runtime/shm.py)."""
+
+
+def split_intra(method: str) -> tuple[str, str | None]:
+    """``(method, intra mode or None)`` of a run's name (:data:`INTRA_SEP`)."""
+    base, _, mode = method.partition(INTRA_SEP)
+    return base, (mode or None)
+
+
+def _cpu_s() -> float:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def case_worker(rank: int, spec: JobSpec) -> dict[str, Any]:
@@ -185,7 +252,8 @@ def case_worker(rank: int, spec: JobSpec) -> dict[str, Any]:
     where ``ok`` is ``None`` on ranks that receive nothing, else whether the shard was exact."""
     task = spec.case.task
     dph = spec.case.devices_per_host
-    probe = _probe(rank, dph, spec.case.hosts, spec.probe_bytes)
+    intra = sorted({m for m in map(lambda x: split_intra(x)[1], spec.methods) if m})
+    probe = _probe(rank, dph, spec.case.hosts, spec.probe_bytes, intra)
     sbox, dbox = task.src_box(rank), task.dst_box(rank)
     local = _values(sbox, task.shape) if sbox is not None else None
     expect = _values(dbox, task.shape) if dbox is not None else None
@@ -212,25 +280,31 @@ def _timed_run(
     from ..runtime import reset_transfer_stats, reshard, transfer_stats
 
     nic_reader = rank % spec.case.devices_per_host == 0
+    name = method
+    method, intra = split_intra(method)
+    if intra is not None:
+        os.environ["MESHCAST_INTRA"] = intra
     reset_transfer_stats()
     baselines.cross_bytes = 0
     dist.barrier()
     tx0 = nic_tx_bytes() if nic_reader else None
+    c0 = _cpu_s()
     t0 = time.monotonic()
     if method == "gather-scatter":
         out = baselines.gather_scatter(local)
     elif method == "per-rank-p2p":
         out = baselines.per_rank_p2p(local)
     else:
-        out = reshard(local, spec.plans[method], timeout=spec.timeout)
+        out = reshard(local, spec.plans[name], timeout=spec.timeout)
     t1 = time.monotonic()
+    cpu = _cpu_s() - c0
     dist.barrier()  # every byte of this run has left this host
     tx1 = nic_tx_bytes() if nic_reader else None
     cross = baselines.cross_bytes if method in BASELINES else transfer_stats().cross_host_bytes
     corrupt = rank == spec.case.task.dst.mesh.devices[0] and spec.corrupt in (method, "*")
     ok = _check_output(out, expect, corrupt)
     nic = tx1 - tx0 if tx0 is not None and tx1 is not None else None
-    return (t0, t1, ok, cross, nic)
+    return (t0, t1, ok, cross, nic, cpu)
 
 
 def _check_output(out: Any, expect: Any, corrupt: bool) -> bool | None:
@@ -276,14 +350,15 @@ def check_results(spec: JobSpec, results: list[dict[str, Any]]) -> dict[str, dic
                 "error": f"wrong data on ranks {ranks} in runs {runs} (of {n}, warm-ups first)"
             }
             continue
-        times, cross, nic = [], [], []
+        times, cross, nic, cpu = [], [], [], []
         for i in range(spec.warmup, n):
             recs = [rr[i] for rr in per_rank]
             times.append(max(r[1] for r in recs) - min(r[0] for r in recs))
             cross.append(sum(r[3] for r in recs))
             nics = [r[4] for r in recs if r[4] is not None]
             nic.append(sum(nics) if nics else None)
-        out[method] = {
+            cpu.append(sum(r[5] for r in recs) if all(len(r) > 5 for r in recs) else None)
+        out[method] = _cpu_fields(spec, cpu) | {
             "time_s": statistics.median(times),
             "times_s": times,
             "cross_host_bytes": int(statistics.median(cross)),
@@ -300,3 +375,21 @@ def merge_probe(results: list[dict[str, Any]]) -> dict[str, float]:
     for r in results:
         probe.update(r["probe"])
     return probe
+
+
+def delivered_bytes(spec: JobSpec) -> int:
+    """Bytes a run delivers: every destination rank's shard (what "moved" counts per GiB)."""
+    task = spec.case.task
+    return sum(
+        math.prod(s.stop - s.start for s in box) * task.itemsize
+        for r in task.dst.mesh.devices
+        if (box := task.dst_box(r)) is not None
+    )
+
+
+def _cpu_fields(spec: JobSpec, cpu: list[float | None]) -> dict[str, Any]:
+    """Median CPU seconds of a run (all ranks' user + system time) and per GiB delivered."""
+    if not cpu or any(c is None for c in cpu):
+        return {}
+    med = statistics.median(cpu)
+    return {"cpu_s": med, "cpu_s_per_gib": med / (delivered_bytes(spec) / 2**30)}

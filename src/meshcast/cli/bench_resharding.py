@@ -3,6 +3,7 @@
     meshcast bench resharding [--suite 1-to-m|n-to-m|all] [--cluster N | --loopback]
                               [--size 64MiB] [--nic-gbit 1] [--reps 3] [--warmup 1]
                               [--methods M,...] [--cases K,...] [--out DIR]
+                              [--busy N] [--intra shm,socket]
     meshcast bench resharding --simulate [--topology p3.8xlarge] [--suite ...]
 
 Measured (default): every case of the suite is one job on an emulated cluster whose hosts are the
@@ -16,6 +17,12 @@ byte of that method on one rank.
 cases needing more than N hosts are skipped (default N: all cases fit, 5). ``--loopback``: local
 processes, unshaped (hosts exist for planning only). Neither: the cluster where available, else
 loopback with the reason.
+
+``--busy N`` starts N busy-loop processes (one core each) before the first job and stops them
+after the last, to reproduce a loaded machine. ``--intra shm,socket`` runs every meshcast method
+once per intra-host path (``$MESHCAST_INTRA``, docs/runtime.md) in the same job, as rows
+``METHOD+shm`` and ``METHOD+socket``. Every row reports the CPU seconds of all ranks (user +
+system, from the OS) per GiB delivered to the destination ranks.
 
 ``--simulate``: no processes; the same suite on :func:`meshcast.simulate` at the emulated
 cluster's payload link speed (``--nic-gbit`` x 1448/1514, as measured: docs/cluster.md), or with
@@ -36,6 +43,7 @@ import time
 from typing import Any
 
 from ..bench import resharding as rb
+from ..bench.load import busy_loops
 from ..cluster.names import INTRA_GBPS
 from ..core.topology import PRESETS
 from .common import UsageError, choice, comma_list, integer, number, output_dir
@@ -66,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     parser.add_argument("--timeout", type=number(0.0), default=600.0,
                         help="seconds per case's job")
+    parser.add_argument("--busy", type=integer(0), default=0, metavar="N",
+                        help="N busy-loop processes beside the measured run (0)")
+    parser.add_argument("--intra", type=comma_list(("shm", "socket")), default=[],
+                        help="run meshcast methods once per intra-host path: shm,socket")
     parser.add_argument("--markdown", type=_readable_file, metavar="JSON", default=None,
                         help="print markdown tables of an earlier run's JSON, run nothing")
 
@@ -94,7 +106,7 @@ def _table(rows: list[dict[str, Any]], title: str, measured: bool):
     table = Table(title=title, title_justify="left")
     cols = ["case", "method", "time ms", "Gbit/s", "MiB across", "efficiency"]
     if measured:
-        cols += ["sim ms", "sim/meas"]
+        cols += ["sim ms", "sim/meas", "CPU s/GiB"]
     for c in cols:
         table.add_column(c, justify="left" if c in ("case", "method") else "right")
     last = None
@@ -123,7 +135,8 @@ def _table(rows: list[dict[str, Any]], title: str, measured: bool):
                 f"{r['efficiency']:.2f}",
             ]
             if measured:
-                cells += [f"{r['sim_s'] * 1e3:.1f}", f"{r['sim_ratio']:.2f}"]
+                cells += [f"{r['sim_s'] * 1e3:.1f}", f"{r['sim_ratio']:.2f}",
+                          _fmt(r.get("cpu_s_per_gib"), ".2f")]
         table.add_row(case, name, *cells, end_section=nxt != r["case"])
     if notes:
         table.caption = "n/a: " + "; ".join(f"{', '.join(v)}: {k}" for k, v in notes.items())
@@ -161,6 +174,8 @@ def _meta(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         f"Linux {platform.release()}, Python {platform.python_version()}, "
         f"numpy {numpy.__version__}",
         "load_avg_before": rb.load_avg(),
+        "busy": getattr(args, "busy", 0),
+        "intra": getattr(args, "intra", []),
     }
     return meta
 
@@ -228,7 +243,8 @@ def _run_measured(args: argparse.Namespace, console, keys: list[str], json_path:
     methods = args.methods
     import torch  # noqa: F401  (fail early without torch)
 
-    total_runs = rb.count_runs(cases, methods, args.reps, args.warmup, args.nic_gbit)
+    total_runs = rb.count_runs(cases, methods, args.reps, args.warmup, args.nic_gbit,
+                               args.intra)
     estimate = rb.estimate_s(cases, methods, args.reps, args.warmup, args.nic_gbit)
     console.print(
         f"resharding bench: {len(cases)} cases x {len(methods)} methods, {mode}, "
@@ -242,7 +258,10 @@ def _run_measured(args: argparse.Namespace, console, keys: list[str], json_path:
     meta = _meta(args, mode)
     meta["estimate_s"] = estimate
     t0 = time.monotonic()
-    results = _run_with_bar(args, console, cases, use_cluster, total_runs)
+    with busy_loops(args.busy) as pids:
+        if pids:
+            console.print(f"busy-loop processes beside the run: {pids}")
+        results = _run_with_bar(args, console, cases, use_cluster, total_runs)
     meta["duration_s"] = time.monotonic() - t0
     meta["load_avg_after"] = rb.load_avg()
     meta["size_bytes"] = rb.parse_size(args.size)
@@ -289,6 +308,7 @@ def _run_with_bar(args: argparse.Namespace, console, cases: list[rb.BenchCase],
             timeout=args.timeout,
             progress=lambda n: bar.update(task_id, completed=n),
             log=console.print,
+            intra=args.intra,
         )
 
 

@@ -59,7 +59,10 @@ class Topology:
     ``hosts[h]`` lists the global ranks on host ``h``. Each host has ``nics_per_host[h]`` NICs,
     full duplex, each ``nic_in_gbps[h]`` inbound and ``nic_out_gbps[h]`` outbound (Gbit/s); the
     devices of a host are attached to its NICs in equal consecutive blocks. Inside a host, devices
-    talk at ``intra_gbps``; every operation pays ``latency_us`` to start.
+    talk at ``intra_gbps``; every operation pays ``latency_us`` to start. ``hop_bytes``: what a
+    broadcast relay receives before it passes it on (the runtime's chunk), so each hop of a
+    broadcast chain after the first adds ``hop_bytes`` at its link's rate to the operation's
+    start (0, the default: a perfect pipeline; the bench sets it to calibrate the simulator).
     """
 
     hosts: tuple[tuple[int, ...], ...]
@@ -69,6 +72,7 @@ class Topology:
     intra_gbps: float = 800.0
     latency_us: float = 30.0
     name: str = ""
+    hop_bytes: float = 0.0
     _host_of: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -99,7 +103,7 @@ class Topology:
                 f"nics_per_host must be a positive count per host, got {self.nics_per_host!r}"
             )
         object.__setattr__(self, "nics_per_host", nics)
-        for argument in ("intra_gbps", "latency_us"):
+        for argument in ("intra_gbps", "latency_us", "hop_bytes"):
             v = getattr(self, argument)
             if not isinstance(v, (int, float)) or v < 0 or (argument == "intra_gbps" and v == 0):
                 raise ValueError(f"{argument} must be a positive number, got {v!r}")
@@ -248,6 +252,7 @@ class Topology:
             "intra_gbps": self.intra_gbps,
             "latency_us": self.latency_us,
             "name": self.name,
+            **({"hop_bytes": self.hop_bytes} if self.hop_bytes else {}),
         }
 
     @classmethod
@@ -261,4 +266,5 @@ class Topology:
             data["intra_gbps"],
             data["latency_us"],
             data.get("name", ""),
+            data.get("hop_bytes", 0.0),
         )

@@ -60,6 +60,7 @@ class _Nics:
         self.host_of = topology.hosts_by_rank
         self.lat = topology.latency_us * 1e-6
         self.intra = topology.intra_gbps * GBIT
+        self.hop = topology.hop_bytes
 
 
 _NICS: BoundedCache[Topology, _Nics] = BoundedCache(
@@ -104,6 +105,18 @@ def _broadcast_route(op: Broadcast, host_of: Mapping[int, int], gid: Mapping[int
     return tuple(dict.fromkeys(res)), fan
 
 
+def _chain_fill(route: tuple[int, ...], fan: bool, nics: _Nics) -> float:
+    """Seconds until a broadcast chain's last receivers start: every hop after the first (each
+    further host, and a fan-out inside a host) waits for ``hop_bytes`` at its link's rate;
+    0 where ``hop_bytes`` is 0 (the default: a perfect pipeline)."""
+    if not nics.hop:
+        return 0.0
+    rates = [nics.caps[r] for r in route[1::2]][1:]  # inbound NICs of the hosts after the first
+    if fan:
+        rates.append(nics.intra)
+    return sum(nics.hop / rate for rate in rates)
+
+
 def _op_model(plan: Plan, nics: _Nics) -> _Model:
     """The columns of :class:`_Model` for ``plan``'s operations (KeyError: a rank off the
     topology)."""
@@ -127,7 +140,7 @@ def _op_model(plan: Plan, nics: _Nics) -> _Model:
         if isinstance(op, Broadcast):
             route, fan = _broadcast_route(op, host_of, gid)
             row = ((op.src, *op.dsts), box_size(op.box) * itemsize, route, intra if fan else inf,
-                   lat)
+                   lat + _chain_fill(route, fan, nics))
         elif isinstance(op, AllGather):
             _placed(op.group, host_of)
             row = (op.group, _allgather_bytes(op, len(ranks)) * itemsize, (), intra, lat)

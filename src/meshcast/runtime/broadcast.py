@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,7 @@ from ..core.plan import Broadcast
 from ..core.region import Region
 from .chunks import chunk_boxes
 from .p2p import Budget, Failures, Links, PeerFault, Pending
+from .shm import ShmWriter
 
 __all__ = ["Relay", "chain_role"]
 
@@ -73,6 +74,9 @@ class Relay:
     chunk_bytes: int
     window: int
     done: Pending
+    shared: list[int] = field(default_factory=list)
+    """Receivers of this host fed through a shared-memory segment (shm.py) instead of
+    ``targets``' messages."""
 
     def __post_init__(self) -> None:
         self.chunks = chunk_boxes(self.op.box, self.out.element_size(), self.chunk_bytes)
@@ -85,7 +89,12 @@ class Relay:
 
     def run(self) -> None:
         """Relay every chunk (the thread's body); failures go to ``failures``."""
+        self.writer: ShmWriter | None = None
         try:
+            if self.shared and self.chunks:
+                sizes = [box_size(c) * self.out.element_size() for c in self.chunks]
+                self.writer = ShmWriter(self.links, self.failures, self.budget, self.shared,
+                                        self.index, self.what, sizes)
             self._loop()
         except BaseException as exc:
             self.failures.error(f"{self.what}: relay", exc)
@@ -100,7 +109,9 @@ class Relay:
                 self.budget.release(extra)
             while self.forwarding:
                 self._finish_forward()
-            self.done.done.set()
+            self.done.done.set()  # this rank's part is complete; its host's receivers finish
+            if self.writer is not None:  # copying from the segment while the rank goes on
+                self.writer.close()
 
     def _loop(self) -> None:
         nxt = 0
@@ -121,6 +132,8 @@ class Relay:
                 except PeerFault as fault:
                     self.failures.peer(fault)
             self.forwarding.append((k, self._forward(k, buf), extra))
+            if self.writer is not None:
+                self.writer.put(k, buf)
             while len(self.forwarding) > self.window or (
                 self.forwarding and not self.receiving and nxt == len(self.chunks)
             ):

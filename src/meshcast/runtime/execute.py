@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import weakref
 from collections.abc import Callable
 
@@ -19,6 +20,8 @@ from .errors import ReshardError
 from .joint import JointGroup
 from .p2p import Failures, Links
 from .runner import Runner
+from .segments import release_segments
+from .shm import INTRA_ENV, intra_mode
 from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
 from .transport_collectives import Collectives
 from .transport_p2p import PointToPoint
@@ -177,12 +180,14 @@ def _join(
     error = error or (None if why is None else f"local {why}")
     why = check_out(out, task.dst_region(me), task, me, torch_dtype(task.dtype), dev)
     error = error or (None if why is None else f"out {why}")
+    intra, why = _intra(how)
+    error = error or why
     wait = float(timeout) if error is None else DEFAULT_TIMEOUT
     p2p_group = group if group is not None else dist.group.WORLD
     call = Call(p2p_group, plan.ranks, me, "meshcast.reshard", wait, plan_digest(plan))
     agree(call, {
         "plan": plan_digest(plan), "what": task.describe(), "error": error,
-        "options": {"chunk_bytes": chunk_bytes, "transport": how},
+        "options": {"chunk_bytes": chunk_bytes, "transport": how, "intra": intra},
     }, abort)
     return call, dev, how
 
@@ -206,11 +211,27 @@ def _transfer(
     # byte counters count by the real hosts
     hosts = real_host_map(plan.ranks, plan.topology.hosts_by_rank, to_global)
     links = Links(group, me, to_global, hosts, float(timeout))
-    moves = PointToPoint() if transport == "p2p" else Collectives(group, to_global)
+    moves = (PointToPoint(_intra(transport)[0] or "socket") if transport == "p2p"
+             else Collectives(group, to_global))
     Runner(plan, me, src, out, links, moves, failures, chunk_bytes, max_inflight_bytes,
            ordered).run()
-    finish_call(call, failures)
+    try:
+        finish_call(call, failures)
+    except ReshardError:
+        release_segments()  # a failed peer's shared memory goes once no survivor maps it
+        raise
     return into if into is not None else None if out is None else out.view(torch_dtype(task.dtype))
+
+
+def _intra(transport: str) -> tuple[str | None, str | None]:
+    """The intra-host path of a call (shm.py; None on ``"collectives"``, which has none of its
+    own) and why ``$MESHCAST_INTRA`` is refused, if it is."""
+    if transport != "p2p":
+        return None, None
+    try:
+        return intra_mode(), None
+    except ValueError as exc:  # what the others see: the value this rank was given
+        return os.environ.get(INTRA_ENV), str(exc)
 
 
 def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> bool:

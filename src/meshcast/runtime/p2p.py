@@ -84,6 +84,11 @@ class Links:
         record_send(peer, nbytes, self.host_of.get(peer) != self.host_of.get(self.me))
         return self._post(dist.isend, data, peer, tag, what)
 
+    def control(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> dist.Work:
+        """Post the send of contiguous ``buf`` to ``peer`` without counting it (a control message
+        of the shared-memory path: a segment's handle, an acknowledgement)."""
+        return self._post(dist.isend, as_bytes(buf), peer, tag, what)
+
     def stub(self, peer: int, tag: int, what: str) -> dist.Work:
         """Post an empty placeholder for a message to ``peer`` (after a failure)."""
         return self._post(dist.isend, self._stub, peer, tag, what)

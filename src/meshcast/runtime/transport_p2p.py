@@ -2,6 +2,12 @@
 (gloo's path, the default for CPU tensors). No process group is created, so a rank outside a plan
 is never needed; broadcasts follow the host-aware chain of broadcast.py.
 
+Between ranks of one host (by the real host map), a move goes through a
+shared-memory segment instead of loopback sockets where ``intra="shm"`` (shm.py; the default on
+Linux, ``MESHCAST_INTRA=socket`` chooses the sockets): a broadcast's sender and leaders feed
+their own receivers, a ``Send`` inside a host and an all-gather member's part to the
+members of its host go through it.
+
 After a failure the rank goes on exchanging its messages with every peer whose connection still
 works, sending empty placeholders instead of data (p2p.py), so its peers finish at once, find the
 report and raise, instead of waiting out the timeout.
@@ -9,13 +15,14 @@ report and raise, instead of waiting out the timeout.
 
 from __future__ import annotations
 
-from ..core.layout import Box
+from ..core.layout import Box, box_size
 from ..core.plan import AllGather, Broadcast, Send, broadcast_chain
 from ..core.region import Region
 from .broadcast import Relay, chain_role
 from .chunks import chunk_boxes
 from .p2p import PeerFault, Pending
 from .runner import Runner
+from .shm import ShmReader, ShmWriter
 
 __all__ = ["RELAY_WINDOW", "PointToPoint"]
 
@@ -24,7 +31,18 @@ RELAY_WINDOW = 4
 
 
 class PointToPoint:
-    """The moves of the ``"p2p"`` transport (see the module docstring)."""
+    """The moves of the ``"p2p"`` transport (see the module docstring); ``intra``: the path
+    between ranks of one host, ``"shm"`` or ``"socket"`` (shm.py)."""
+
+    def __init__(self, intra: str = "socket") -> None:
+        self.intra = intra
+
+    def local(self, runner: Runner, peer: int) -> bool:
+        """Whether messages between this rank and ``peer`` go through shared memory."""
+        if self.intra != "shm":
+            return False
+        hosts = runner.links.host_of
+        return peer in hosts and hosts.get(peer) == hosts.get(runner.me)
 
     def start(self, runner: Runner) -> None:
         """Nothing to set up: messages go on the caller's group."""
@@ -43,16 +61,21 @@ class PointToPoint:
         chain = broadcast_chain(op, runner.plan.topology.hosts_by_rank)
         role, feeder, targets = chain_role(chain, runner.me)
         what = f"op {i} (broadcast from {op.src})"
+        # only this rank's own members may read a segment: the next leader runs a relay, which
+        # receives messages (even where the real hosts put it beside this rank)
+        members = next((set(m) for leader, m in chain if leader == runner.me), set())
         if role == "sender":
             self._send(runner, runner.local, runner.src_region, op.box, targets, i, what,
-                       op.ranks())
+                       op.ranks(), members)
         elif role == "member":
             self._recv(runner, op.box, feeder, i, what, op.ranks())
         else:
             done = Pending([], f"{what}: relay", op.ranks(), box=op.box)
+            shared = [t for t in targets if t in members and self.local(runner, t)]
             relay = Relay(runner.links, runner.budget, runner.failures, runner.out,
-                          runner.dst_region, op, i, feeder, targets, runner.chunk_bytes,
-                          RELAY_WINDOW, done)
+                          runner.dst_region, op, i, feeder,
+                          [t for t in targets if t not in shared], runner.chunk_bytes,
+                          RELAY_WINDOW, done, shared)
             runner.writes.append(done)
             runner.op_items.append(done)
             runner.start_thread(relay.run, f"meshcast-relay-{i}")
@@ -77,30 +100,60 @@ class PointToPoint:
             runner.wait_writes(part)
             self._send(runner, runner.out, runner.dst_region, part, others, i, what, op.group)
 
-    @staticmethod
-    def _send(runner: Runner, shard, shard_region: Region, box: Box, targets: list[int], index: int,
-              what: str, ranks: tuple[int, ...]) -> None:
+    def _send(self, runner: Runner, shard, shard_region: Region, box: Box, targets: list[int],
+              index: int, what: str, ranks: tuple[int, ...],
+              readers: set[int] | None = None) -> None:
+        """Send ``box`` of ``shard`` to ``targets``: through a segment to those on this host
+        (among ``readers``, if given), as messages to the others."""
         failures, links = runner.failures, runner.links
-        for chunk in chunk_boxes(box, runner.itemsize, runner.chunk_bytes):
-            live = [t for t in targets if failures.sendable(t)]
-            if not live:
-                continue
-            buf, extra = runner.send_buffer(shard, shard_region, chunk)
-            works = []
-            for t in live:
-                try:
-                    if buf is None:
-                        works.append((t, links.stub(t, index, what)))
-                    else:
-                        works.append((t, links.isend(buf, t, index, what)))
-                except PeerFault as fault:
-                    failures.peer(fault)
-            runner.post(Pending(works, f"{what}: send to {live}", ranks, extra))
+        chunks = chunk_boxes(box, runner.itemsize, runner.chunk_bytes)
+        shared = [t for t in targets if (readers is None or t in readers)
+                  and self.local(runner, t)]
+        sockets = [t for t in targets if t not in shared]
+        writer = None
+        if shared and chunks:
+            writer = ShmWriter(links, failures, runner.budget, shared, index, what,
+                               [box_size(c) * runner.itemsize for c in chunks])
+        try:
+            for k, chunk in enumerate(chunks):
+                live = [t for t in sockets if failures.sendable(t)]
+                if live:
+                    self._post_sends(runner, shard, shard_region, chunk, live, index, what, ranks)
+                if writer is not None:
+                    writer.put(k, shard[shard_region.local(chunk)])
+        finally:
+            if writer is not None:  # completed by the reaper: this rank goes on meanwhile
+                runner.reaper.add(writer.pending(ranks))
 
     @staticmethod
-    def _recv(runner: Runner, box: Box, peer: int, index: int, what: str,
+    def _post_sends(runner: Runner, shard, shard_region: Region, chunk: Box, live: list[int],
+                    index: int, what: str, ranks: tuple[int, ...]) -> None:
+        failures, links = runner.failures, runner.links
+        buf, extra = runner.send_buffer(shard, shard_region, chunk)
+        works = []
+        for t in live:
+            try:
+                if buf is None:
+                    works.append((t, links.stub(t, index, what)))
+                else:
+                    works.append((t, links.isend(buf, t, index, what)))
+            except PeerFault as fault:
+                failures.peer(fault)
+        runner.post(Pending(works, f"{what}: send to {live}", ranks, extra))
+
+    def _recv(self, runner: Runner, box: Box, peer: int, index: int, what: str,
               ranks: tuple[int, ...]) -> None:
-        for chunk in chunk_boxes(box, runner.itemsize, runner.chunk_bytes):
+        chunks = chunk_boxes(box, runner.itemsize, runner.chunk_bytes)
+        if self.local(runner, peer) and chunks:
+            assert runner.out is not None and runner.dst_region is not None
+            done = Pending([], f"{what}: shared-memory receive from {peer}", ranks, box=box)
+            views = [runner.out[runner.dst_region.local(c)] for c in chunks]
+            reader = ShmReader(runner.links, runner.failures, peer, index, what, views, done)
+            runner.writes.append(done)
+            runner.op_items.append(done)
+            runner.start_thread(reader.run, f"meshcast-shm-{index}")
+            return
+        for chunk in chunks:
             if runner.failures.closed(peer):
                 return
             buf, extra, finish = runner.recv_buffer(chunk)

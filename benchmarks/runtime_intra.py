@@ -1,0 +1,83 @@
+"""The intra-host path of the ``"p2p"`` transport: shared memory against loopback sockets, in one
+job, time and CPU.
+
+    .venv/bin/python benchmarks/runtime_intra.py [--mib 64] [--reps 6]
+
+One :func:`meshcast.launch` job of 4 local ranks, all on one host (no cluster, nothing shaped):
+
+* ``bcast3``: --mib MiB int32 replicated from rank 0 to ranks 1-3 (a broadcast fanned out inside
+  the host);
+* ``send1``: the same tensor from rank 0 to rank 1 (a ``Send`` inside the host);
+
+each with a new result tensor per call and with ``out=`` (the result written in place into a
+buffer the rank keeps), each run alternating ``MESHCAST_INTRA=shm`` and ``socket`` so that both
+paths see the same machine. Prints, per configuration, the median over --reps (after one
+warm-up) of the slowest rank's time and of the CPU seconds of all 4 ranks (user + system,
+``getrusage``, every thread of the process) during the call. Every result is checked exactly.
+A timing tool, not a test: on a shared 2-core machine the figures are noisy; compare the two
+paths of one run, as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import time
+
+
+def _cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+def _job(rank: int, n: int, reps: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import meshcast
+    from meshcast import Layout, Mesh, ReshardTask, Topology
+
+    full = torch.arange(n, dtype=torch.int32)
+    res: dict = {}
+    for name, dst in (("bcast3", [[1, 2, 3]]), ("send1", [[1]])):
+        task = ReshardTask((n,), "int32", Layout(Mesh([[0]]), "R"), Layout(Mesh(dst), "R"))
+        plan = meshcast.plan(task, Topology.uniform(1, 4), strategy="broadcast")
+        local = full.clone() if rank == 0 else None
+        keep = torch.empty(n, dtype=torch.int32) if task.dst_box(rank) is not None else None
+        for inplace in (False, True):
+            for _ in range(reps + 1):
+                for mode in ("shm", "socket"):
+                    os.environ["MESHCAST_INTRA"] = mode
+                    dist.barrier()
+                    c, t = _cpu(), time.monotonic()
+                    got = meshcast.reshard(local, plan, out=keep if inplace else None)
+                    rec = (time.monotonic() - t, _cpu() - c)
+                    if got is not None and not torch.equal(got, full):
+                        raise AssertionError(f"rank {rank}: wrong data ({name}, {mode})")
+                    res.setdefault(f"{name} {'out=' if inplace else 'new'} {mode}", []).append(rec)
+    return res
+
+
+def main() -> None:
+    """Run the job and print the table."""
+    import meshcast
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=6)
+    args = ap.parse_args()
+    n = args.mib * 2**20 // 4
+    print(f"load average before: {os.getloadavg()}")
+    res = meshcast.launch(_job, 4, args=(n, args.reps), timeout=900)
+    print(f"load average after: {os.getloadavg()}")
+    for key in res[0]:
+        runs = range(1, len(res[0][key]))  # the first is a warm-up
+        t = statistics.median(max(r[key][i][0] for r in res) for i in runs)
+        c = statistics.median(sum(r[key][i][1] for r in res) for i in runs)
+        print(f"{key:22s} time {t * 1e3:7.1f} ms   CPU {c:6.3f} s")
+
+
+if __name__ == "__main__":
+    main()
