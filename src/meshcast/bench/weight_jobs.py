@@ -20,7 +20,6 @@ bfloat16), so no rank builds the full model and every engine shard is checked ex
 from __future__ import annotations
 
 import datetime
-import gc
 import math
 import os
 import time
@@ -31,7 +30,7 @@ from ..core.boxes import Box, box_shape
 from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..core.task import ReshardTask
-from .weight_sync import N_HEAD
+from .weight_sync import N_HEAD, memory_mark, peak_since
 
 __all__ = ["METHODS", "engine_worker", "model_tasks", "run_two_jobs", "size_config",
            "trainer_worker"]
@@ -253,26 +252,12 @@ class _Rank:
                         self.params[name][_within(both, mine)].copy_(buf[_within(both, box)])
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _timed(rank: _Rank, fn, reps: int) -> dict[str, Any]:
     """A warm-up, then ``reps`` syncs between joint barriers: times, peak extra memory, NIC
     bytes sent by this host (host's first rank), wrong engine parameters."""
     fn(0)  # warm-up: plans, connections
     shards = [rank.shards(v) for v in range(1, reps + 1)]  # made before, not measured
-    gc.collect()
-    rss = _status("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-    except OSError:
-        pass
+    rss = memory_mark()
     tx0, times = nic_tx_bytes(), []
     for v in range(1, reps + 1):
         rank.local = shards[v - 1]
@@ -284,7 +269,7 @@ def _timed(rank: _Rank, fn, reps: int) -> dict[str, Any]:
     tx1 = nic_tx_bytes()
     first = int(os.environ.get("LOCAL_RANK", rank.group.rank)) == 0
     nic = (tx1 - tx0) // reps if tx0 is not None and tx1 is not None and first else None
-    return {"times": times, "peak": _status("VmHWM") - rss, "nic": nic,
+    return {"times": times, "peak": peak_since(rss), "nic": nic,
             "bad": rank.wrong(reps) if rank.params else []}
 
 

@@ -26,8 +26,8 @@ from ..cluster import nic_tx_bytes
 from ..core.region import Region
 from ..estimate.lower_bound import joint_lower_bound
 
-__all__ = ["INFERENCE_RANKS", "METHODS", "N_HEAD", "build", "joint_lower_bound", "summarise",
-           "weights_worker"]
+__all__ = ["INFERENCE_RANKS", "METHODS", "N_HEAD", "build", "joint_lower_bound", "memory_mark",
+           "peak_since", "summarise", "weights_worker"]
 
 METHODS = ("meshcast", "gather-broadcast", "full-tensor")
 """The methods compared, in table order."""
@@ -73,6 +73,24 @@ def _status(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def memory_mark() -> int:
+    """Collect garbage, reset this process's peak resident memory (VmHWM) to the current one,
+    and return that (bytes): the mark :func:`peak_since` measures from (Linux)."""
+    gc.collect()
+    rss = _status("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+    except OSError:
+        pass
+    return rss
+
+
+def peak_since(mark: int) -> int:
+    """Peak extra resident memory (bytes) since :func:`memory_mark` returned ``mark``."""
+    return _status("VmHWM") - mark
 
 
 class _Syncs:
@@ -178,13 +196,7 @@ def _timed_syncs(fn: Callable[[], dict], reps: int
 
     fn()  # warm-up: plans, process groups, connections
     dist.barrier()
-    gc.collect()
-    rss = _status("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-    except OSError:
-        pass
+    rss = memory_mark()
     tx0 = nic_tx_bytes()
     times = []
     out: dict = {}
@@ -195,7 +207,7 @@ def _timed_syncs(fn: Callable[[], dict], reps: int
         dist.barrier()  # the sync is done when the slowest rank is done
         times.append(time.perf_counter() - t0)
     tx1 = nic_tx_bytes()
-    peak = _status("VmHWM") - rss
+    peak = peak_since(rss)
     sent = tx1 - tx0 if tx0 is not None and tx1 is not None else None
     return out, times, peak, sent
 
