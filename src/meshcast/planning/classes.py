@@ -44,20 +44,20 @@ class SliceClasses:
             return
         self.virtual = []
         self._starts: list[int] = []  # virtual offset of each class
-        self._members: list[list[tuple[int, Box]]] = []  # (virtual offset, real box)
+        self._offsets: list[list[int]] = []  # virtual offset of each box of each class
+        self._boxes: list[list[Box]] = []
         offset = 0
-        for members in sorted(groups.values(), key=lambda g: g[0].index):
+        for members in groups.values():  # in the order of their first slices
             self._starts.append(offset)
             begin = offset
-            placed = []
+            offsets = []
             for sl in members:
-                placed.append((offset, sl.box))
+                offsets.append(offset)
                 offset += box_size(sl.box)
-            first = members[0]
-            self.virtual.append(first._replace(
+            self.virtual.append(members[0]._replace(
                 box=(slice(begin, offset),), nbytes=sum(sl.nbytes for sl in members)))
-            self._members.append(placed)
-        self._end = offset
+            self._offsets.append(offsets)
+            self._boxes.append([sl.box for sl in members])
 
     def expand(self, ops: Sequence[Op]) -> tuple[Op, ...]:
         """``ops`` (on virtual boxes) as operations on the real boxes, in the same order: each
@@ -74,10 +74,10 @@ class SliceClasses:
     def _real_boxes(self, a: int, b: int) -> list[Box]:
         """The real boxes of virtual elements ``a:b`` (within one class)."""
         c = bisect.bisect_right(self._starts, a) - 1
-        members = self._members[c]
-        first = bisect.bisect_right([m[0] for m in members], a) - 1
+        offsets, boxes = self._offsets[c], self._boxes[c]
+        first = bisect.bisect_right(offsets, a) - 1
         out: list[Box] = []
-        for offset, box in members[first:]:
+        for offset, box in zip(offsets[first:], boxes[first:]):
             if offset >= b:
                 break
             size = box_size(box)
