@@ -8,7 +8,9 @@ each, tensor parallel 4, bfloat16 parameters it keeps. Each job is its own ``tor
 rendezvous, default group, world size). The engine starts first; the trainer pushes versions 1,
 2, and dies on rank 3 in the middle of version 3 (exit 17); every engine rank raises naming
 trainer rank 3 and keeps version 2 whole; a restarted trainer job pushes 3 and 4 after the engine
-connected again. Every weight is checked byte for byte after every sync, in place.
+connected again. Every weight is checked byte for byte after every sync, in place. Then two
+jobs of one rank on each of two hosts sync a Llama-style model into fused engine tensors and
+FP8 parameters with their scales (the cases of tests/test_weight_sync_jobs.py, under torchrun).
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ def cluster():
         c.down()
 
 
-def _job(cluster, hosts, role, address, out, log, **options) -> list[subprocess.Popen]:
+def _job(cluster, hosts, role, address, out, log, nproc=2, **options) -> list[subprocess.Popen]:
     port = free_port(cluster, hosts[0])
     while address.endswith(f":{port}"):  # torchrun's rendezvous: not the weight-sync store's
         port = free_port(cluster, hosts[0])
     argv = [SCRIPT, role, address, str(out), json.dumps(options)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, *filter(None, [
         os.environ.get("PYTHONPATH")])])}
-    return start_torchrun(cluster, 2, argv, job_hosts=hosts, port=port, env=env, stdout=log,
+    return start_torchrun(cluster, nproc, argv, job_hosts=hosts, port=port, env=env, stdout=log,
                           stderr=subprocess.STDOUT)
 
 
@@ -79,6 +81,32 @@ def test_two_torchrun_jobs_sync_fail_and_reconnect(cluster, tmp_path) -> None:
         assert f"meshcast.WeightSync.receive on engine rank {r}" in message
         assert "trainer rank 3" in message, message
         assert "parameters keep version 2" in message
+    assert not any(cluster.pids().values()), "processes left in the namespaces"
+
+
+@pytest.mark.timeout(300)
+def test_fused_and_fp8_syncs_between_torchrun_jobs(cluster, tmp_path) -> None:
+    """The Llama-style model into fused QKV, gate_up and stacked experts, then FP8 parameters
+    with block and per-tensor scales: each job one rank on each of two hosts."""
+    import weight_sync_fp8_job as fp8
+    import weight_sync_jobs as jobs
+
+    address = f"{cluster.host_addr(0)}:{free_port(cluster, 0)}"
+    log = open(tmp_path / "jobs.log", "w")  # noqa: SIM115 - closed below
+    cases = {"cases": ["fused", "fp8"], "versions": [1, 2]}
+    try:
+        engine = _job(cluster, [2, 3], "engine", address, tmp_path, log, nproc=1, **cases)
+        trainer = _job(cluster, [0, 1], "trainer", address, tmp_path, log, nproc=1, **cases)
+        for procs in (trainer, engine):
+            assert wait_torchrun(procs, 150) == [0, 0], (tmp_path / "jobs.log").read_text()[-4000:]
+    finally:
+        log.close()
+    reports = {role: [json.loads((tmp_path / f"{role}-rank{r}.json").read_text())
+                      for r in range(2)] for role in ("trainer", "engine")}
+    jobs.check_fused([r["fused"] for r in reports["trainer"]],
+                     [r["fused"] for r in reports["engine"]], [1, 2])
+    fp8.check([r["fp8"] for r in reports["trainer"]], [r["fp8"] for r in reports["engine"]],
+              [1, 2])
     assert not any(cluster.pids().values()), "processes left in the namespaces"
 
 

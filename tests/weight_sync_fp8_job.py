@@ -106,3 +106,15 @@ def run(rank: int, address: str, role: str, versions: list[int]) -> dict:
         report["in_place"] = _exact(local, declared, rank, versions[-2])
     mc.disconnect(group)
     return report
+
+
+def check(trainer: list[dict], engine: list[dict], versions: list[int]) -> None:
+    """What :func:`run` must report on every rank of both jobs."""
+    assert [r["received"] for r in trainer + engine] == [versions] * (len(trainer) + len(engine))
+    error = ("the engine's FP8 parameters do not fit: w: 'w_scale_inv' is declared (2, 3) "
+             "float32 2@2:S0R; its scales (per tensor) are () float32 2@2: (joint ranks); v: "
+             "the engine declares no scale parameter 'v_scale_inv'")
+    assert [r["errors"] for r in trainer + engine] == [[error]] * 4  # every rank of both jobs
+    for report in engine:
+        assert report["exact"] == [True] * len(versions)  # FP8 bytes and scales, bit for bit
+        assert report["in_place"] and report["same_storage"]  # the one before last, in place

@@ -16,6 +16,8 @@ Run by tests/test_weight_sync_jobs.py through ``meshcast.launch`` (loopback) and
 tests/test_cluster_weight_sync.py under the real ``torchrun`` on emulated hosts::
 
     python weight_sync_jobs.py trainer|engine ADDRESS OUT_DIR JSON_OPTIONS
+
+(``JSON_OPTIONS`` with ``"cases"``: the fused and FP8 cases of 2-rank jobs, one after another.)
 """
 
 from __future__ import annotations
@@ -340,6 +342,20 @@ def fused(rank: int, address: str, role: str, versions: list[int]) -> dict:
     return report
 
 
+def check_fused(trainer: list[dict], engine: list[dict], versions: list[int]) -> None:
+    """What :func:`fused` must report on every rank of both jobs."""
+    missing = ("the trainer's and the engine's parameters do not match: the mapping does not "
+               "fit (2 problems):\n  engine tensors the mapping does not fill: 'lm_head.weight'"
+               "\n  trainer tensors the mapping does not use: 'lm_head.weight'")
+    for report in trainer + engine:
+        assert report["errors"] == [missing]  # the same error on every rank of both jobs
+        assert report["received"] == versions
+        assert report["routes"] == len(llama_specs("trainer")) == 25  # one per piece
+    for report in engine:
+        assert report["exact"] == [True] * len(versions)  # byte for byte; the last: fresh
+        assert report["in_place"] and report["same_storage"]  # the one before, in place
+
+
 def _bytes_equal(tensors: dict, specs: dict, rank: int, version: int) -> bool:
     import numpy as np
     import torch
@@ -362,6 +378,15 @@ def alone(rank: int, address: str, role: str) -> str:
     return "connected"
 
 
+def _cases(rank: int, address: str, role: str, cases: list[str], versions: list[int]) -> dict:
+    """The 2-rank cases one after another, each its own connection: ``fused`` (above) and
+    ``fp8`` (weight_sync_fp8_job.py)."""
+    import weight_sync_fp8_job
+
+    run = {"fused": fused, "fp8": weight_sync_fp8_job.run}
+    return {case: run[case](rank, address, role, versions) for case in cases}
+
+
 def main(argv: list[str]) -> int:
     """``trainer|engine ADDRESS OUT_DIR JSON_OPTIONS`` under torchrun: write
     ``OUT_DIR/<role><incarnation>-rank<R>.json``."""
@@ -372,8 +397,10 @@ def main(argv: list[str]) -> int:
     rank = dist.get_rank()
     tag = options.pop("tag", role)
     try:
-        if role == "trainer":
-            result: object = run_trainer(rank, address, **options)
+        if "cases" in options:  # {"cases": ["fused", "fp8"], "versions": [...]}: one by one
+            result: object = _cases(rank, address, role, options["cases"], options["versions"])
+        elif role == "trainer":
+            result = run_trainer(rank, address, **options)
         else:
             result = run_engine(rank, address, world=dist.get_world_size(), **options)
         with open(os.path.join(out, f"{tag}-rank{rank}.json"), "w") as f:

@@ -102,10 +102,7 @@ class Relay:
             while self.receiving:
                 _, _, _, work, extra = self.receiving.popleft()
                 if work is not None:
-                    try:
-                        self.links.wait(work, self.feeder, self.what)
-                    except PeerFault as fault:
-                        self.failures.peer(fault)
+                    self.failures.complete(self.links, work, self.feeder, self.what)
                 self.budget.release(extra)
             while self.forwarding:
                 self._finish_forward()
@@ -125,12 +122,9 @@ class Relay:
             what = f"{self.what}: chunk {k + 1}/{len(self.chunks)} from {self.feeder}"
             if work is not None:
                 self.waiting = (self.feeder, what)
-                try:
-                    self.links.wait(work, self.feeder, what)
-                    if buf is not view and extra:
-                        view.copy_(buf)
-                except PeerFault as fault:
-                    self.failures.peer(fault)
+                if self.failures.complete(self.links, work, self.feeder, what) and \
+                        buf is not view and extra:
+                    view.copy_(buf)
             self.forwarding.append((k, self._forward(k, buf), extra))
             if self.writer is not None:
                 self.writer.put(k, buf)
@@ -190,8 +184,5 @@ class Relay:
         for t, w in sends:
             what = f"{self.what}: forwarding chunk {k + 1} to {t}"
             self.waiting = (t, what)
-            try:
-                self.links.wait(w, t, what)
-            except PeerFault as fault:
-                self.failures.peer(fault)
+            self.failures.complete(self.links, w, t, what)
         self.budget.release(extra)

@@ -181,10 +181,7 @@ class Exchange:
         self._wait_sends(self._pending)  # the previous phase's, now that this one's are posted
         self._pending = []
         for peer, segs, buf, w, label in posted_recvs:
-            try:
-                self.links.wait(w, peer, label)
-            except PeerFault as fault:
-                self.failures.peer(fault)
+            if not self.failures.complete(self.links, w, peer, label):
                 continue
             if buf is not None and not self.failures.degraded.is_set():
                 self._unpack(segs, buf)
@@ -195,10 +192,7 @@ class Exchange:
 
     def _wait_sends(self, posted: list) -> None:
         for peer, _, _, w, label in posted:
-            try:
-                self.links.wait(w, peer, label)
-            except PeerFault as fault:
-                self.failures.peer(fault)
+            self.failures.complete(self.links, w, peer, label)
 
     def _post_recv(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> tuple:
         stats, label = self.stats, f"{what}: a receive from rank {peer}"

@@ -116,6 +116,9 @@ class Links:
             raise PeerFault(kind, peer, what, detail) from exc
 
 
+_ABANDONED: list[object] = []  # messages with lost peers, never waited for (Failures.complete)
+
+
 class Failures:
     """What this rank knows about failures in one call: its faults (each reported on the call's
     board before anything else happens), the peers whose connection broke, and whether the rank
@@ -161,6 +164,21 @@ class Failures:
         if tell and self.call.report(fault):
             self.reported = True
         self.degraded.set()  # after the report: placeholders only ever follow a report
+
+    def complete(self, links: Links, work: object, peer: int, what: str) -> bool:
+        """Wait for ``work`` (a message with ``peer``) and record its failure; True if it
+        completed. A message with a peer already known lost is not waited for: gloo can leave it
+        pending until the time-out (a send posted as the peer died), and this rank's call fails
+        anyway. The abandoned work is kept referenced, so gloo never holds a freed buffer."""
+        if self.closed(peer):
+            _ABANDONED.append(work)
+            return False
+        try:
+            links.wait(work, peer, what)
+            return True
+        except PeerFault as fault:
+            self.peer(fault)
+            return False
 
     def closed(self, peer: int) -> bool:
         """Whether this rank's connection with ``peer`` is known to be closed."""
@@ -269,10 +287,7 @@ class Reaper:
             ok = True
             for peer, work in item.works:
                 try:
-                    self.links.wait(work, peer, item.what)
-                except PeerFault as fault:
-                    ok = False
-                    self.failures.peer(fault)
+                    ok = self.failures.complete(self.links, work, peer, item.what) and ok
                 except Exception as exc:  # a backend error without a peer's failure
                     ok = False
                     self.failures.error(item.what, exc)

@@ -199,10 +199,8 @@ class ShmWriter:
     def _finish_ack(self) -> None:
         p, acks = self.acks.popleft()
         for c, work in acks:
-            try:
-                self.links.wait(work, c, f"{self.what}: piece {p + 1} acknowledged by {c}")
-            except PeerFault as fault:
-                self.failures.peer(fault)
+            self.failures.complete(self.links, work, c, f"{self.what}: piece {p + 1} "
+                                                        f"acknowledged by {c}")
 
     def pending(self, ranks: tuple[int, ...]) -> Pending:
         """What is left once every piece is published, as an item for the runner's reaper: the
@@ -226,10 +224,7 @@ class ShmWriter:
             while self.acks:
                 self._finish_ack()
             for peer, work in self.sends:
-                try:
-                    self.links.wait(work, peer, self.what)
-                except PeerFault as fault:
-                    self.failures.peer(fault)
+                self.failures.complete(self.links, work, peer, self.what)
         finally:
             if self.segment is not None:
                 give_back(self.segment)
@@ -253,6 +248,7 @@ class ShmReader:
 
     def __post_init__(self) -> None:
         self.posted: deque = deque()  # receives of the next notifications, posted ahead
+        self.unreachable: OSError | None = None  # the producer's segment could not be mapped
         self.waiting: tuple[int | None, str] = (self.producer, self.what)
         self.done.current = lambda: self.waiting
         self._empty = torch.empty(0, dtype=torch.uint8)
@@ -268,10 +264,13 @@ class ShmReader:
             while self.posted:  # after an unexpected error: complete what was posted
                 self._wait(self.posted.popleft(), f"{self.what}: piece from {self.producer}")
             for work in acks:
-                try:
-                    self.links.wait(work, self.producer, f"{self.what}: acknowledgement")
-                except PeerFault as fault:
-                    self.failures.peer(fault)
+                self.failures.complete(self.links, work, self.producer,
+                                       f"{self.what}: acknowledgement")
+            # a producer that died after sending its handle took its /proc entry with it: that
+            # is its failure (reported above), not this rank's
+            if self.unreachable is not None and not self.failures.closed(self.producer):
+                self.failures.error(f"{self.what}: mapping rank {self.producer}'s segment",
+                                    self.unreachable)
             self.done.done.set()
 
     def _post(self, buf: torch.Tensor, what: str) -> object | None:
@@ -289,12 +288,7 @@ class ShmReader:
         if work is None:
             return False
         self.waiting = (self.producer, what)
-        try:
-            self.links.wait(work, self.producer, what)
-            return True
-        except PeerFault as fault:
-            self.failures.peer(fault)
-            return False
+        return self.failures.complete(self.links, work, self.producer, what)
 
     def _what(self, p: int, n: int) -> str:
         return f"{self.what}: piece {p + 1}/{n} from {self.producer}"
@@ -306,8 +300,8 @@ class ShmReader:
         if self._wait(self._post(handle, what), what) and handle[0]:
             try:
                 seg = map_segment(handle)
-            except OSError as exc:
-                self.failures.error(f"{self.what}: mapping rank {self.producer}'s segment", exc)
+            except OSError as exc:  # told once the producer is known to be alive (run)
+                self.unreachable = exc
         ring = Ring([v.numel() * v.element_size() for v in self.views])
         n, slots = len(ring.last), 1 if seg is None else max(1, int(handle[4]))
         first = 0
