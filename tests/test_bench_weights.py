@@ -77,3 +77,31 @@ def test_a_host_subset_refuses_hosts_the_cluster_does_not_have() -> None:
     assert part.topology(2).hosts == ((0, 1), (2, 3))
     with pytest.raises(ValueError, match="distinct hosts of cluster 'mc-x'"):
         HostSubset(fake, [3, 4])
+
+
+def test_the_fp8_row_keeps_block_aligned_matrices_in_fp8_and_checks_their_rounding() -> None:
+    import torch
+
+    from meshcast import quantize
+    from meshcast.bench.weight_fp8 import engine_specs, fp8_tasks, wrong_fp8
+
+    src = Layout(Mesh([0, 1]), "S0R")
+    tasks = {"w": ReshardTask((256, 512), "bfloat16", src, Layout(Mesh([2, 3]), "RS0")),
+             "cut": ReshardTask((256, 200), "bfloat16", src, Layout(Mesh([2, 3]), "RS0")),
+             "b": ReshardTask((384,), "bfloat16", Layout(Mesh([0, 1]), "S0"),
+                              Layout(Mesh([2, 3]), "R"))}
+    engine = {"w": Layout(Mesh([0, 1]), "RS0"), "cut": Layout(Mesh([0, 1]), "RS0"),
+              "b": Layout(Mesh([0, 1]), "R")}  # the destinations in the engine's own ranks
+    specs = engine_specs(tasks, engine)
+    assert {n: str(s.dtype) for n, s in specs.items()} == {
+        "w": "torch.float8_e4m3fn", "w_scale_inv": "torch.float32",
+        "cut": "torch.bfloat16", "b": "torch.bfloat16"}  # 200 / 2 columns cut a block
+    assert tuple(specs["w_scale_inv"].shape) == (2, 4)
+    assert [t.dtype for t in fp8_tasks(tasks, engine).values()] == [
+        "float8_e4m3fn", "bfloat16", "bfloat16"]
+    full = (torch.arange(256 * 512).view(256, 512) % 251 - 125).to(torch.bfloat16) / 8
+    q, scales = quantize(full, "float8_e4m3fn", (128, 128))
+    assert wrong_fp8({"w": q, "w_scale_inv": scales}, {"w": full}) == []
+    bad = q.clone()
+    bad.view(torch.uint8)[5, 7] ^= 0x40  # one wrong FP8 value
+    assert wrong_fp8({"w": bad, "w_scale_inv": scales}, {"w": full}) == ["w"]

@@ -11,7 +11,9 @@ Methods (:data:`METHODS`), each on the same joint group, engine parameters writt
 * ``full-tensor``: per tensor, the stage's ranks all-gather it (DTensor ``full_tensor()``) and
   the stage's first rank broadcasts it to every engine rank;
 * ``tp-broadcast``: per tensor, each trainer rank holding a shard broadcasts its shard to every
-  engine rank, which copies the part it needs.
+  engine rank, which copies the part it needs;
+* ``meshcast-fp8``: as ``meshcast``, the engine keeping its matrices in FP8 with 128 x 128 block
+  scales, converted on the trainer before the wire (:mod:`meshcast.bench.weight_fp8`).
 
 Weights are a deterministic function of each element's index and the version (exact in
 bfloat16), so no rank builds the full model and every engine shard is checked exactly.
@@ -32,10 +34,10 @@ from ..core.mesh import Mesh
 from ..core.task import ReshardTask
 from .weight_sync import N_HEAD, memory_mark, peak_since
 
-__all__ = ["METHODS", "engine_worker", "model_tasks", "run_two_jobs", "size_config",
-           "trainer_worker"]
+__all__ = ["METHODS", "engine_layout", "engine_worker", "model_tasks", "run_two_jobs",
+           "size_config", "trainer_worker"]
 
-METHODS = ("meshcast", "gather-broadcast", "full-tensor", "tp-broadcast")
+METHODS = ("meshcast", "gather-broadcast", "full-tensor", "tp-broadcast", "meshcast-fp8")
 """The methods compared, in table order."""
 TRAINER, ENGINE = 4, 4
 """Ranks of each job (2 hosts x 2 each)."""
@@ -91,7 +93,8 @@ def values(task: ReshardTask, k: int, box: Box, version: int):
     return (((idx * 7 + 13 * k + version) % 251 - 125).to(torch.float32) / 8).to(torch.bfloat16)
 
 
-def _engine_layout(layout: Layout) -> Layout:
+def engine_layout(layout: Layout) -> Layout:
+    """``layout`` (joint ranks) in the engine job's own ranks."""
     data = layout.to_json()
     data["mesh"] = Mesh(layout.mesh.array - TRAINER).to_json()
     return Layout.from_json(data)
@@ -149,7 +152,8 @@ class _Rank:
         self.local: dict[str, Any] = {}
         self.params = {n: torch.zeros(box_shape(t.dst_box(self.me)), dtype=torch.bfloat16)
                        for n, t in self.items if t.dst_box(self.me) is not None}
-        self.sync = None
+        self.sync: Any = None
+        self.fp8: Any = None  # (WeightSync, engine weights and scales) of meshcast-fp8
         self.bucket_bytes = 64 << 20
 
     def shards(self, version: int) -> dict[str, Any]:
@@ -157,16 +161,22 @@ class _Rank:
         return {n: values(t, k, t.src_box(self.me), version)
                 for k, (n, t) in enumerate(self.items) if t.src_box(self.me) is not None}
 
-    def wrong(self, version: int) -> list[str]:
-        """Engine parameters that differ from ``version``."""
+    def wrong(self, method: str, version: int) -> list[str]:
+        """Engine parameters that differ from ``version`` after ``method``."""
         import torch
 
-        return [n for k, (n, t) in enumerate(self.items) if n in self.params and not
-                torch.equal(self.params[n], values(t, k, t.dst_box(self.me), version))]
+        from .weight_fp8 import wrong_fp8
+
+        expect = {n: values(t, k, t.dst_box(self.me), version)
+                  for k, (n, t) in enumerate(self.items) if n in self.params}
+        if method == "meshcast-fp8":
+            return wrong_fp8(self.fp8[1], expect)
+        return [n for n, want in expect.items() if not torch.equal(self.params[n], want)]
 
     def method(self, name: str):
         return {"meshcast": self.meshcast, "gather-broadcast": self.gather_broadcast,
-                "full-tensor": self.full_tensor, "tp-broadcast": self.tp_broadcast}[name]
+                "full-tensor": self.full_tensor, "tp-broadcast": self.tp_broadcast,
+                "meshcast-fp8": self.meshcast_fp8}[name]
 
     def meshcast(self, version: int) -> None:
         from ..interop.sync_spec import ParamSpec
@@ -175,13 +185,39 @@ class _Rank:
         if self.sync is None:
             me, role = self.me, self.group.role
             desc = {n: ParamSpec(t.shape, t.dtype, t.src if role == "trainer" else
-                                 _engine_layout(t.dst)) for n, t in self.items
+                                 engine_layout(t.dst)) for n, t in self.items
                     if (t.src_box(me) if role == "trainer" else t.dst_box(me)) is not None}
             self.sync = WeightSync(self.group, desc, bucket_bytes=self.bucket_bytes)
         if self.group.role == "trainer":
             self.sync.push(self.local, version)
         else:
             self.sync.receive(self.params)
+
+    def meshcast_fp8(self, version: int) -> None:
+        import torch
+
+        from ..interop.sync_spec import ParamSpec
+        from ..interop.weight_sync import WeightSync
+        from .weight_fp8 import BLOCK, engine_specs
+
+        if self.fp8 is None:
+            me, tasks = self.me - TRAINER, dict(self.items)
+            if self.group.role == "trainer":
+                desc = {n: ParamSpec(t.shape, t.dtype, t.src) for n, t in self.items
+                        if t.src_box(self.me) is not None}
+                params = None
+            else:
+                specs = engine_specs(tasks, {n: engine_layout(t.dst) for n, t in self.items})
+                desc = {n: s for n, s in specs.items() if s.layout.box(me, s.shape) is not None}
+                params = {n: torch.zeros(box_shape(s.layout.box(me, s.shape)), dtype=s.dtype)
+                          for n, s in desc.items()}
+            self.fp8 = (WeightSync(self.group, desc, bucket_bytes=self.bucket_bytes,
+                                   fp8_block=BLOCK), params)
+        sync, params = self.fp8
+        if self.group.role == "trainer":
+            sync.push(self.local, version)
+        else:
+            sync.receive(params)
 
     def gather_broadcast(self, version: int) -> None:
         import torch
@@ -252,9 +288,10 @@ class _Rank:
                         self.params[name][_within(both, mine)].copy_(buf[_within(both, box)])
 
 
-def _timed(rank: _Rank, fn, reps: int) -> dict[str, Any]:
+def _timed(rank: _Rank, method: str, reps: int) -> dict[str, Any]:
     """A warm-up, then ``reps`` syncs between joint barriers: times, peak extra memory, NIC
     bytes sent by this host (host's first rank), wrong engine parameters."""
+    fn = rank.method(method)
     fn(0)  # warm-up: plans, connections
     shards = [rank.shards(v) for v in range(1, reps + 1)]  # made before, not measured
     rss = memory_mark()
@@ -270,7 +307,7 @@ def _timed(rank: _Rank, fn, reps: int) -> dict[str, Any]:
     first = int(os.environ.get("LOCAL_RANK", rank.group.rank)) == 0
     nic = (tx1 - tx0) // reps if tx0 is not None and tx1 is not None and first else None
     return {"times": times, "peak": peak_since(rss), "nic": nic,
-            "bad": rank.wrong(reps) if rank.params else []}
+            "bad": rank.wrong(method, reps) if rank.params else []}
 
 
 def _worker(rank: int, role: str, address: str, methods: list[str], cfg: dict[str, int],
@@ -282,7 +319,7 @@ def _worker(rank: int, role: str, address: str, methods: list[str], cfg: dict[st
     me = _Rank(group, tasks)
     me.bucket_bytes = cfg.get("bucket_mib", 64) << 20
     me.local = me.shards(0)
-    out = {m: _timed(me, me.method(m), reps) for m in methods}
+    out = {m: _timed(me, m, reps) for m in methods}
     disconnect(group)
     return out
 

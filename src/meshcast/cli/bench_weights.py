@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nic-gbit", type=number(0.0), default=1.0, help="emulated NIC rate")
     parser.add_argument("--reps", type=integer(1), default=3, help="timed syncs per method")
     parser.add_argument("--methods", type=comma_list(JOB_METHODS), default=None,
-                        help="comma-separated: " + ",".join(JOB_METHODS) + " (tp-broadcast: "
-                             "--jobs 2 only; default all)")
+                        help="comma-separated: " + ",".join(JOB_METHODS) + " (tp-broadcast, "
+                             "meshcast-fp8: --jobs 2 only; default all)")
     parser.add_argument("--loopback", action="store_true", help="no emulated cluster")
     parser.add_argument("--jobs", type=integer(1, 2), default=1,
                         help="1: one job of 8 ranks (reshard_state_dict); 2: a trainer job and "
