@@ -14,7 +14,8 @@ Llama-style trainer into fused QKV (grouped-query attention), fused gate_up and 
 (``mapping=meshcast.llama_mapping(...)``), each piece received in place into its part of the
 engine's parameter; FP8 engine parameters with block and per-tensor scales
 (weight_sync_fp8_job.py), bit for bit the whole tensor's conversion, and a misdeclared scale
-parameter as one error on both sides.
+parameter as one error on both sides; a trainer rank dying as the FP8 block maxima are exchanged
+is named on every engine rank, whose weights and scales keep the previous version.
 """
 
 from __future__ import annotations
@@ -130,3 +131,23 @@ def test_fp8_block_and_per_tensor_scales_are_the_whole_conversion_in_place() -> 
     trainer, engine = results["trainer"], results["engine"]
     assert not isinstance(trainer, Exception) and not isinstance(engine, Exception), results
     fp8.check(trainer, engine, [1, 2, 3])
+
+
+@pytest.mark.timeout(200)
+def test_a_trainer_rank_dying_in_the_fp8_amax_exchange_is_named_on_every_engine_rank() -> None:
+    import weight_sync_fp8_job as fp8
+
+    address, results = _address(), {}
+    threads = [_start(results, "trainer", fp8.dies_in_amax, 2, (address, "trainer")),
+               _start(results, "engine", fp8.dies_in_amax, 2, (address, "engine"))]
+    for t in threads:
+        t.join(150)
+    assert isinstance(results["trainer"], mc.LaunchError), results
+    assert "exited with code 3" in results["trainer"].failures[1]
+    for r, report in enumerate(results["engine"]):
+        assert report["failed"] == [1], report  # trainer rank 1 (joint rank 1)
+        assert f"meshcast.WeightSync.receive on engine rank {r}" in report["error"]
+        assert "trainer rank 1" in report["error"] and "keep version 1" in report["error"], \
+            report["error"]
+        assert report["kept"]  # FP8 bytes and scales of version 1, bit for bit
+        assert report["seconds"] < 30  # the connect timeout: the death was seen, not waited out

@@ -118,3 +118,37 @@ def check(trainer: list[dict], engine: list[dict], versions: list[int]) -> None:
     for report in engine:
         assert report["exact"] == [True] * len(versions)  # FP8 bytes and scales, bit for bit
         assert report["in_place"] and report["same_storage"]  # the one before last, in place
+
+
+def dies_in_amax(rank: int, address: str, role: str) -> dict:
+    """Version 1 syncs; in version 2 trainer rank 1 exits (status 3) as the block maxima are
+    exchanged, before it sends any: every engine rank must raise naming it, its FP8 weights and
+    scales still version 1's."""
+    import os
+    import time
+
+    import torch
+
+    from meshcast.interop import sync_fp8
+
+    declared = specs(role)
+    group = mc.connect(address, role, model="fp8-test", timeout=30)
+    sync = mc.WeightSync(group, declared, fp8_block=BLOCKS, bucket_bytes=8 << 10)
+    if role == "trainer":
+        for v in (1, 2):
+            if v == 2 and rank == 1:
+                sync_fp8.combine_amax = lambda *a, **k: os._exit(3)
+            sync.push({n: _shard(full(n, v), s.layout, rank).contiguous()
+                       for n, s in declared.items()}, version=v)
+        return {}
+    local = {n: torch.zeros(s.layout.shard_shape(rank, tuple(s.shape)), dtype=s.dtype)
+             for n, s in declared.items()}
+    sync.receive(local)
+    started, report = time.monotonic(), {}
+    try:
+        sync.receive(local)
+    except mc.WeightSyncError as exc:
+        report = {"error": str(exc), "failed": list(exc.failed)}
+    report["seconds"] = time.monotonic() - started
+    report["kept"] = _exact(local, declared, rank, 1)
+    return report
