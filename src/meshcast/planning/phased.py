@@ -1,0 +1,162 @@
+"""The phased order of :mod:`.large` for NICs shared by several ranks: each NIC's ranks cut into
+groups whose start-ups overlap the other groups' transfers.
+
+Latin-square rounds over all ranks start every transfer of a round together: all the ranks of a
+NIC pay their start-up at once and the NIC idles meanwhile, then they share it. Here the ranks of
+each NIC are cut into ``g`` groups, the groups run their rounds a start-up apart, and so take
+turns on the NIC (:func:`phased_sends`); ``g`` comes from a closed-form cost model
+(:func:`phase_groups`). ``docs/scheduling.md`` ("Phased order") has the measurements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.boxes import Box
+from ..core.ops import Op, Send
+from ..core.topology import Topology
+from ..core.units import GBIT
+
+__all__ = ["complete_bipartite", "phase_groups", "phased_sends"]
+
+
+def complete_bipartite(
+    senders: list[int], remotes: list[tuple[int, ...]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """For sends in which every sender sends once to every receiver and no rank is on both sides:
+    the sender ranks, the receiver ranks (sorted), and each send's index into both; else None."""
+    n = len(senders)
+    if not n or any(len(r) != 1 for r in remotes):
+        return None
+    s_ranks, i = np.unique(np.array(senders, dtype=np.int64), return_inverse=True)
+    r_ranks, j = np.unique(np.array([r[0] for r in remotes], dtype=np.int64), return_inverse=True)
+    if n != len(s_ranks) * len(r_ranks) or len(np.unique(i * len(r_ranks) + j)) != n:
+        return None
+    if np.intersect1d(s_ranks, r_ranks).size:
+        return None
+    return s_ranks, r_ranks, i.ravel(), j.ravel()
+
+
+def phase_groups(per_nic: int, rounds: int, lat: float, transfer: float) -> int:
+    """The number of groups ``g`` (a divisor of ``per_nic``, at least 2) for NICs of
+    ``per_nic`` ranks each running ``rounds`` operations of ``lat`` start-up and ``transfer``
+    seconds alone on the NIC.
+
+    Model: with ``g`` groups of ``q = per_nic / g`` ranks a round lasts ``lat + q * transfer``
+    (a group's transfers share the NIC; the other groups' fall in its start-up) when the
+    ``g`` turns fit in it (``per_nic * transfer <= lat + q * transfer``), and each of the ``g``
+    epochs delays its last group by ``g - 1`` start-ups: ``rounds * (lat + q * transfer) +
+    g * (g - 1) * lat``. The least over the ``g`` whose turns fit; 2 when none fit (the NIC is
+    the bottleneck: halves still save part of each start-up)."""
+    best, best_cost = 2, np.inf
+    for g in range(2, per_nic + 1):
+        q = per_nic // g
+        if per_nic % g or per_nic * transfer > lat + q * transfer:
+            continue
+        cost = rounds * (lat + q * transfer) + g * (g - 1) * lat
+        if cost < best_cost:
+            best, best_cost = g, cost
+    return best
+
+
+def phased_sends(
+    senders: list[int],
+    remotes: list[tuple[int, ...]],
+    boxes: list[Box],
+    nbytes: np.ndarray,
+    topology: Topology,
+) -> list[Op] | None:
+    """Sends of a complete bipartite graph (every sender once to every receiver) in the phased
+    order, for NICs that each serve an even number of senders (receivers); None otherwise.
+
+    The ranks of each NIC are cut into ``g`` groups (:func:`phase_groups`, consecutive in rank
+    order) and the pairs into ``g`` epochs: in epoch ``e`` sender group ``a`` sends to receiver
+    group ``(a + e) mod g``. Each block (a sender group x a receiver group) is a two-level Latin
+    square: in each round every sending NIC's group sends to one receiving NIC's group, rank to
+    rank, so the transfers on one NIC pair share exactly those two NICs (they move at equal
+    rates and end together) and the blocks of an epoch share no rank. In each epoch the first
+    operation of each sender of group ``a`` is cut into ``a + 1`` pieces, so its block runs
+    ``a`` start-ups behind group 0: the groups' transfers take turns on the NIC while the
+    others pay their start-ups. Where the NICs of the two sides serve different numbers of
+    ranks, ``g = 2`` and each block is one Latin square over its ranks.
+    """
+    graph = complete_bipartite(senders, remotes)
+    if graph is None:
+        return None
+    s_ranks, r_ranks, i, j = graph
+    nic, _ = topology.global_nics()
+    s_nic, r_nic = (np.array([nic[r] for r in x.tolist()], dtype=np.int64)
+                    for x in (s_ranks, r_ranks))
+    s_count, r_count = np.bincount(s_nic)[s_nic], np.bincount(r_nic)[r_nic]
+    if (s_count % 2).any() or (r_count % 2).any():
+        return None  # groups of unequal size load the NICs unevenly (measured slower)
+    per_nic = int(s_count[0])
+    aligned = bool((s_count == per_nic).all() and (r_count == per_nic).all())
+    g = 2
+    if aligned:
+        bw = min(*topology.nic_out_gbps, *topology.nic_in_gbps) * GBIT
+        g = phase_groups(per_nic, max(len(s_ranks), len(r_ranks)), topology.latency_us * 1e-6,
+                         float(nbytes.mean()) / bw)
+    (s_group, s_dense, s_pos, s_index), (r_group, r_dense, r_pos, r_index) = (
+        _nic_groups(x, g) for x in ((s_ranks, s_nic), (r_ranks, r_nic)))
+    gs, gr = s_group[i], r_group[j]
+    epoch = (gr - gs) % g
+    if aligned:  # two-level Latin square: NIC to NIC, then rank to rank
+        m = per_nic // g
+        n_nics = max(int(s_dense.max()), int(r_dense.max())) + 1
+        rounds = ((r_dense[j] - s_dense[i]) % n_nics) * m + (r_pos[j] - s_pos[i]) % m
+    else:  # NICs of different sizes on the two sides: one Latin square per block
+        n_s, n_r = np.bincount(s_group, minlength=g), np.bincount(r_group, minlength=g)
+        rounds = (r_index[j] - s_index[i]) % np.maximum(n_s[gs], n_r[gr])
+    order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch)).tolist()
+    return _with_lead_pieces(order, senders, remotes, boxes, gs, epoch)
+
+
+def _nic_groups(side: tuple[np.ndarray, np.ndarray], g: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank of ``side`` (ranks, their NICs; ``g`` divides every NIC's count): its group
+    (``g`` consecutive blocks of its NIC's ranks in rank order), its NIC's index among the
+    side's NICs, its position within its group on its NIC, and its index among its group's
+    ranks of all NICs (in rank order)."""
+    ranks, nics = side
+    size = np.bincount(nics)[nics]
+    order = np.lexsort((ranks, nics))
+    pos = np.empty(len(ranks), dtype=np.int64)
+    starts = np.searchsorted(nics[order], nics[order], side="left")
+    pos[order] = np.arange(len(ranks)) - starts
+    m = size // g
+    _, dense = np.unique(nics, return_inverse=True)
+    group = pos // m
+    index = np.empty(len(ranks), dtype=np.int64)
+    for h in range(g):
+        members = np.flatnonzero(group == h)
+        index[members] = np.arange(len(members))
+    return group, dense.ravel(), pos % m, index
+
+
+def _with_lead_pieces(
+    order: list[int],
+    senders: list[int],
+    remotes: list[tuple[int, ...]],
+    boxes: list[Box],
+    gs: np.ndarray,
+    epoch: np.ndarray,
+) -> list[Op]:
+    """The sends in ``order``; the first send of each sender of group ``gs = a`` in each epoch
+    cut into ``a + 1`` pieces along its longest dimension (``a`` one-row pieces and the rest,
+    as many as its rows allow), so its block runs ``a`` start-ups behind group 0."""
+    ops: list[Op] = []
+    lead: set[tuple[int, int]] = set()  # (epoch, sender) whose first operation is placed
+    for p in order:
+        a, b, box = senders[p], remotes[p][0], boxes[p]
+        cut, key = int(gs[p]), (int(epoch[p]), a)
+        if cut and box and key not in lead:
+            lead.add(key)
+            d = max(range(len(box)), key=lambda x: box[x].stop - box[x].start)
+            lo, hi = box[d].start, box[d].stop
+            cut = min(cut, hi - lo - 1)
+            for x in range(lo, lo + max(cut, 0)):
+                ops.append(Send(a, b, (*box[:d], slice(x, x + 1), *box[d + 1 :])))
+            box = (*box[:d], slice(lo + max(cut, 0), hi), *box[d + 1 :])
+        ops.append(Send(a, b, box))
+    return ops
