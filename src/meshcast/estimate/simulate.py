@@ -41,7 +41,7 @@ from ..core.units import GBIT
 from .events import run_events
 from .report import SimReport
 
-__all__ = ["SimReport", "simulate", "simulate_many", "time_floor"]
+__all__ = ["SimReport", "copy_send_floor", "simulate", "simulate_many", "time_floor"]
 
 
 class _Nics:
@@ -274,13 +274,45 @@ def time_floor(plan: Plan, topology: Topology) -> float:
     one latency. Linear in the plan's size; used to skip simulating plans that cannot win.
     """
     nics = _nics(topology)
+    return _floor(_op_model(plan, nics), nics)
+
+
+def copy_send_floor(steps: Sequence[tuple[int, ...]], nbytes: Sequence[int],
+                    topology: Topology) -> float:
+    """:func:`time_floor` of the plan whose operations are, in order, a ``Copy`` on rank ``r``
+    for each step ``(r,)`` and a ``Send`` from ``a`` to ``b`` for each step ``(a, b)``, moving
+    ``nbytes`` each: the same number, without building the plan."""
+    nics = _nics(topology)
+    host_of, gid, lat, intra, inf = nics.host_of, nics.gid, nics.lat, nics.intra, math.inf
+    res: list[tuple[int, ...]] = []
+    cap: list[float] = []
+    lats: list[float] = []
+    for rk in steps:
+        if len(rk) == 1:
+            res.append(())
+            cap.append(intra)
+            lats.append(0.0)
+            continue
+        a, b = rk
+        if host_of[a] == host_of[b]:
+            res.append(())
+            cap.append(intra)
+        else:
+            res.append((2 * gid[a], 2 * gid[b] + 1))
+            cap.append(inf)
+        lats.append(lat)
+    return _floor(_Model(list(steps), list(nbytes), res, cap, lats), nics)
+
+
+def _floor(model: _Model, nics: _Nics) -> float:
+    """:func:`time_floor` of the operations of ``model``."""
     caps = nics.caps
     load = [0.0] * len(caps)
     free: dict[int, float] = {}
     get, zeros = free.get, itertools.repeat(0.0)
     first_lat = math.inf
     end = 0.0
-    for ranks, nbytes, res, cap, lat in zip(*_op_model(plan, nics)):
+    for ranks, nbytes, res, cap, lat in zip(*model):
         slowest = cap
         for r in res:
             if caps[r] < slowest:

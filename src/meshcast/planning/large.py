@@ -20,11 +20,12 @@ from ..core.ops import Broadcast, Copy, Op, Send, broadcast_chain
 from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
+from .budgets import LARGE_MODEL_MARGIN
 from .dispatch import first_fit_rounds
 from .items import Nets
 from .phased import complete_bipartite, phased_sends
 
-__all__ = ["large_plan", "unshared_nics"]
+__all__ = ["LargePlans", "large_plan", "unshared_nics"]
 
 
 def unshared_nics(topology: Topology) -> bool:
@@ -168,30 +169,59 @@ def _large_sends(task: ReshardTask) -> _LargeSends:
     return _LargeSends(copies, keep, senders, remotes, boxes, dec.sizes())
 
 
-def large_plan(task: ReshardTask, topology: Topology) -> tuple[Plan, float | None, Plan | None]:
-    """``"auto"``'s plan for large tasks: one broadcast per slice, senders in turn among the
-    holders of each source tile (vectorised), ordered in rank-disjoint rounds.
+class LargePlans(NamedTuple):
+    """What :func:`large_plan` builds: the plan in rank-disjoint rounds (None where pruned), its
+    exact simulated time (None unless no NIC serves two ranks), the phased order (None where
+    it does not apply or is pruned)."""
 
-    Returns the plan; its exact simulated time (:func:`_rounds_time`) when no NIC serves two
-    ranks, else None; and where NICs are shared, the same sends in the order of
-    :func:`~.phased.phased_sends` when that applies, else None."""
+    rounds: Plan | None
+    exact: float | None
+    phased: Plan | None
+
+
+def large_plan(task: ReshardTask, topology: Topology, *, prune: bool = False) -> LargePlans:
+    """``"auto"``'s plans for large tasks: one broadcast per slice, senders in turn among the
+    holders of each source tile (vectorised), ordered in rank-disjoint rounds, and where NICs
+    are shared the same sends in the order of :func:`~.phased.phased_sends` when that applies.
+
+    With ``prune``, of the two orders only the one that :func:`~.phased.phase_model` predicts
+    faster is built when it predicts the other slower by more than a factor
+    :data:`~meshcast.planning.budgets.LARGE_MODEL_MARGIN` (both otherwise)."""
     ls = _large_sends(task)
     copies, keep, senders, remotes, boxes = ls.copies, ls.keep, ls.senders, ls.remotes, ls.boxes
+    if unshared_nics(topology):
+        ops, order_a, slot = _round_ops(ls)
+        exact = _exact_time(task, topology, ls, ops, order_a, slot)
+        return LargePlans(_rounds_plan(task, topology, ls, ops, order_a), exact, None)
+    phased = phased_sends(senders, remotes, [boxes[i] for i in keep],
+                          ls.sizes[keep] * task.itemsize, topology)
+    ph = None if phased is None else Plan(task, (*copies, *phased.ops), "broadcast", "auto",
+                                          topology)
+    if prune and phased is not None and phased.gain is not None:
+        if phased.gain > LARGE_MODEL_MARGIN:
+            return LargePlans(None, None, ph)
+        if phased.gain * LARGE_MODEL_MARGIN < 1:
+            ph = None
+    ops, order_a, _ = _round_ops(ls)
+    return LargePlans(_rounds_plan(task, topology, ls, ops, order_a), None, ph)
+
+
+def _round_ops(ls: _LargeSends) -> tuple[list[Op], np.ndarray, np.ndarray]:
+    """The operations of ``ls`` (a send or a broadcast per slice), their order in rank-disjoint
+    rounds (largest first within a round) and each one's round."""
     ops: list[Op] = [
-        Send(a, rem[0], boxes[i]) if len(rem) == 1 else Broadcast(a, rem, boxes[i])
-        for i, a, rem in zip(keep, senders, remotes)
+        Send(a, rem[0], ls.boxes[i]) if len(rem) == 1 else Broadcast(a, rem, ls.boxes[i])
+        for i, a, rem in zip(ls.keep, ls.senders, ls.remotes)
     ]
-    slot = _rounds(senders, remotes)
-    order_a = np.lexsort((np.arange(len(ops)), -ls.sizes[keep] if keep else [], slot))
-    out = Plan(task, (*copies, *(ops[j] for j in order_a.tolist())), "broadcast", "auto",
-               topology)
-    if not unshared_nics(topology):
-        phased = phased_sends(senders, remotes, [boxes[i] for i in keep],
-                              ls.sizes[keep] * task.itemsize, topology)
-        if phased is None:
-            return out, None, None
-        return out, None, Plan(task, (*copies, *phased), "broadcast", "auto", topology)
-    return out, _exact_time(task, topology, ls, ops, order_a, slot), None
+    slot = _rounds(ls.senders, ls.remotes)
+    order_a = np.lexsort((np.arange(len(ops)), -ls.sizes[ls.keep] if ls.keep else [], slot))
+    return ops, order_a, slot
+
+
+def _rounds_plan(task: ReshardTask, topology: Topology, ls: _LargeSends, ops: list[Op],
+                 order_a: np.ndarray) -> Plan:
+    return Plan(task, (*ls.copies, *(ops[j] for j in order_a.tolist())), "broadcast", "auto",
+                topology)
 
 
 def _exact_time(

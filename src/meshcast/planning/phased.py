@@ -5,10 +5,12 @@ Latin-square rounds over all ranks start every transfer of a round together: all
 NIC pay their start-up at once and the NIC idles meanwhile, then they share it. Here the ranks of
 each NIC are cut into ``g`` groups, the groups run their rounds a start-up apart, and so take
 turns on the NIC (:func:`phased_sends`); ``g`` comes from a closed-form cost model
-(:func:`phase_groups`). ``docs/scheduling.md`` ("Phased order") has the measurements.
+(:func:`phase_model`). ``docs/scheduling.md`` ("Phased order") has the measurements.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -17,7 +19,7 @@ from ..core.ops import Op, Send
 from ..core.topology import Topology
 from ..core.units import GBIT
 
-__all__ = ["complete_bipartite", "phase_groups", "phased_sends"]
+__all__ = ["Phased", "complete_bipartite", "phase_model", "phased_sends"]
 
 
 def complete_bipartite(
@@ -37,26 +39,41 @@ def complete_bipartite(
     return s_ranks, r_ranks, i.ravel(), j.ravel()
 
 
-def phase_groups(per_nic: int, rounds: int, lat: float, transfer: float) -> int:
-    """The number of groups ``g`` (a divisor of ``per_nic``, at least 2) for NICs of
-    ``per_nic`` ranks each running ``rounds`` operations of ``lat`` start-up and ``transfer``
-    seconds alone on the NIC.
+class Phased(NamedTuple):
+    """The sends in the phased order, and the modelled time of Latin-square rounds over that of
+    the phased order (:func:`phase_model`; None outside the model: where the NICs of the two
+    sides serve different numbers of ranks, or the two sides differ in size, where the
+    measured ratio was far from the model's)."""
 
-    Model: with ``g`` groups of ``q = per_nic / g`` ranks a round lasts ``lat + q * transfer``
-    (a group's transfers share the NIC; the other groups' fall in its start-up) when the
-    ``g`` turns fit in it (``per_nic * transfer <= lat + q * transfer``), and each of the ``g``
-    epochs delays its last group by ``g - 1`` start-ups: ``rounds * (lat + q * transfer) +
-    g * (g - 1) * lat``. The least over the ``g`` whose turns fit; 2 when none fit (the NIC is
-    the bottleneck: halves still save part of each start-up)."""
-    best, best_cost = 2, np.inf
+    ops: list[Op]
+    gain: float | None
+
+
+def phase_model(per_nic: int, rounds: int, lat: float, transfer: float) -> tuple[int, float, float]:
+    """``(g, phased, latin)``: the number of groups ``g`` (a divisor of ``per_nic``, at least 2)
+    for NICs of ``per_nic`` ranks each running ``rounds`` operations of ``lat`` start-up and
+    ``transfer`` seconds alone on the NIC, and the modelled times of the phased order with ``g``
+    groups and of Latin-square rounds over all ranks.
+
+    Model: Latin rounds last ``lat + per_nic * transfer`` each (every rank of a NIC starts
+    together, then they share it). With ``g`` groups of ``q = per_nic / g`` ranks a round lasts
+    ``lat + q * transfer`` (a group's transfers share the NIC; the other groups' fall in its
+    start-up) when the ``g`` turns fit in it (``per_nic * transfer <= lat + q * transfer``),
+    and each of the ``g`` epochs delays its last group by ``g - 1`` start-ups: ``rounds * (lat +
+    q * transfer) + g * (g - 1) * lat``. The least over the ``g`` whose turns fit; where none
+    fit (the NIC is the bottleneck) ``g = 2`` and ``rounds * per_nic * transfer + 2 * lat``
+    (halves still hide part of each start-up)."""
+    latin = rounds * (lat + per_nic * transfer)
+    best, best_cost = 2, rounds * max(per_nic * transfer, lat + per_nic // 2 * transfer) + 2 * lat
+    fits = False
     for g in range(2, per_nic + 1):
         q = per_nic // g
         if per_nic % g or per_nic * transfer > lat + q * transfer:
             continue
         cost = rounds * (lat + q * transfer) + g * (g - 1) * lat
-        if cost < best_cost:
-            best, best_cost = g, cost
-    return best
+        if not fits or cost < best_cost:
+            best, best_cost, fits = g, cost, True
+    return best, best_cost, latin
 
 
 def phased_sends(
@@ -65,11 +82,11 @@ def phased_sends(
     boxes: list[Box],
     nbytes: np.ndarray,
     topology: Topology,
-) -> list[Op] | None:
+) -> Phased | None:
     """Sends of a complete bipartite graph (every sender once to every receiver) in the phased
     order, for NICs that each serve an even number of senders (receivers); None otherwise.
 
-    The ranks of each NIC are cut into ``g`` groups (:func:`phase_groups`, consecutive in rank
+    The ranks of each NIC are cut into ``g`` groups (:func:`phase_model`, consecutive in rank
     order) and the pairs into ``g`` epochs: in epoch ``e`` sender group ``a`` sends to receiver
     group ``(a + e) mod g``. Each block (a sender group x a receiver group) is a two-level Latin
     square: in each round every sending NIC's group sends to one receiving NIC's group, rank to
@@ -92,11 +109,13 @@ def phased_sends(
         return None  # groups of unequal size load the NICs unevenly (measured slower)
     per_nic = int(s_count[0])
     aligned = bool((s_count == per_nic).all() and (r_count == per_nic).all())
-    g = 2
+    g, gain = 2, None
     if aligned:
         bw = min(*topology.nic_out_gbps, *topology.nic_in_gbps) * GBIT
-        g = phase_groups(per_nic, max(len(s_ranks), len(r_ranks)), topology.latency_us * 1e-6,
-                         float(nbytes.mean()) / bw)
+        g, phased, latin = phase_model(per_nic, max(len(s_ranks), len(r_ranks)),
+                                       topology.latency_us * 1e-6, float(nbytes.mean()) / bw)
+        if len(s_ranks) == len(r_ranks):  # the model's rounds (measured: within 0.2 %)
+            gain = latin / phased
     (s_group, s_dense, s_pos, s_index), (r_group, r_dense, r_pos, r_index) = (
         _nic_groups(x, g) for x in ((s_ranks, s_nic), (r_ranks, r_nic)))
     gs, gr = s_group[i], r_group[j]
@@ -109,7 +128,7 @@ def phased_sends(
         n_s, n_r = np.bincount(s_group, minlength=g), np.bincount(r_group, minlength=g)
         rounds = (r_index[j] - s_index[i]) % np.maximum(n_s[gs], n_r[gr])
     order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch)).tolist()
-    return _with_lead_pieces(order, senders, remotes, boxes, gs, epoch)
+    return Phased(_with_lead_pieces(order, senders, remotes, boxes, gs, epoch), gain)
 
 
 def _nic_groups(side: tuple[np.ndarray, np.ndarray], g: int
