@@ -281,27 +281,38 @@ def copy_send_floor(steps: Sequence[tuple[int, ...]], nbytes: Sequence[int],
                     topology: Topology) -> float:
     """:func:`time_floor` of the plan whose operations are, in order, a ``Copy`` on rank ``r``
     for each step ``(r,)`` and a ``Send`` from ``a`` to ``b`` for each step ``(a, b)``, moving
-    ``nbytes`` each: the same number, without building the plan."""
+    ``nbytes`` each: the same number, without building the plan (the same float operations in
+    the same order as :func:`_floor` on the plan's model)."""
     nics = _nics(topology)
-    host_of, gid, lat, intra, inf = nics.host_of, nics.gid, nics.lat, nics.intra, math.inf
-    res: list[tuple[int, ...]] = []
-    cap: list[float] = []
-    lats: list[float] = []
-    for rk in steps:
+    host_of, gid, lat, intra, caps = nics.host_of, nics.gid, nics.lat, nics.intra, nics.caps
+    load = [0.0] * len(caps)
+    free: dict[int, float] = {}
+    get = free.get
+    end, first_lat = 0.0, math.inf
+    for rk, nb in zip(steps, nbytes):
         if len(rk) == 1:
-            res.append(())
-            cap.append(intra)
-            lats.append(0.0)
-            continue
-        a, b = rk
-        if host_of[a] == host_of[b]:
-            res.append(())
-            cap.append(intra)
+            r = rk[0]
+            t = get(r, 0.0) + 0.0 + (nb / intra if nb else 0.0)
+            free[r] = t
         else:
-            res.append((2 * gid[a], 2 * gid[b] + 1))
-            cap.append(inf)
-        lats.append(lat)
-    return _floor(_Model(list(steps), list(nbytes), res, cap, lats), nics)
+            a, b = rk
+            fa, fb = get(a, 0.0), get(b, 0.0)
+            start = fa if fa >= fb else fb
+            if host_of[a] == host_of[b]:
+                t = start + lat + (nb / intra if nb else 0.0)
+            else:
+                ra, rb = 2 * gid[a], 2 * gid[b] + 1
+                slowest = caps[ra] if caps[ra] < caps[rb] else caps[rb]
+                t = start + lat + (nb / slowest if nb else 0.0)
+                load[ra] += nb
+                load[rb] += nb
+                if lat < first_lat:
+                    first_lat = lat
+            free[a] = free[b] = t
+        if t > end:
+            end = t
+    nic = max((b / c for b, c in zip(load, caps) if b), default=0.0)
+    return max(end, first_lat + nic if nic else 0.0)
 
 
 def _floor(model: _Model, nics: _Nics) -> float:

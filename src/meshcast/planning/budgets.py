@@ -18,7 +18,6 @@ __all__ = [
     "AUTO_TRIAL_BUDGET",
     "CERTIFY_TOL",
     "FLOOR_TOL",
-    "LARGE_MODEL_MARGIN",
     "ORDER_NODE_BUDGET",
     "ORDER_TRIALS",
     "SEARCH_MAX_JOBS",
@@ -50,13 +49,6 @@ all-to-all) the candidates took 16 s and kept the vectorised plan anyway (docs/s
 FLOOR_TOL = 1e-9
 """Relative float margin under which a fixed plan's quick time floor is trusted to rule it out:
 the lower bound's own float margin (:data:`meshcast.estimate.lower_bound.FLOAT_MARGIN`)."""
-LARGE_MODEL_MARGIN = 1.05
-"""Above :data:`AUTO_SIM_LIMIT`, on shared NICs, of the two orders of the large plan (Latin-square
-rounds, phased) only the one that :func:`~meshcast.planning.phased.phase_model` predicts faster
-is built and simulated when it predicts the other slower by more than this factor (on the rows
-of benchmarks/large_plans.py where the model applies, its ratio and the simulated one differ by
-at most 0.2 %, 2 % on 16-byte slices; both orders are simulated within 5 %). Set once; not
-derived."""
 CERTIFY_TOL = 1e-9
 """Above :data:`AUTO_SIM_LIMIT`, the one plan built is kept without simulating others when its
 exact time is within this relative margin of the lower bound (before the bound's own 1e-9 float

@@ -20,7 +20,6 @@ from ..core.ops import Broadcast, Copy, Op, Send, broadcast_chain
 from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
-from .budgets import LARGE_MODEL_MARGIN
 from .dispatch import first_fit_rounds
 from .items import Nets
 from .phased import complete_bipartite, phased_sends
@@ -185,8 +184,8 @@ def large_plan(task: ReshardTask, topology: Topology, *, prune: bool = False) ->
     are shared the same sends in the order of :func:`~.phased.phased_sends` when that applies.
 
     With ``prune``, of the two orders only the one that :func:`~.phased.phase_model` predicts
-    faster is built when it predicts the other slower by more than a factor
-    :data:`~meshcast.planning.budgets.LARGE_MODEL_MARGIN` (both otherwise)."""
+    faster is built where the model applies (:class:`~.phased.Phased` ``gain``; both
+    otherwise)."""
     ls = _large_sends(task)
     copies, keep, senders, remotes, boxes = ls.copies, ls.keep, ls.senders, ls.remotes, ls.boxes
     if unshared_nics(topology):
@@ -198,10 +197,9 @@ def large_plan(task: ReshardTask, topology: Topology, *, prune: bool = False) ->
     ph = None if phased is None else Plan(task, (*copies, *phased.ops), "broadcast", "auto",
                                           topology)
     if prune and phased is not None and phased.gain is not None:
-        if phased.gain > LARGE_MODEL_MARGIN:
+        if phased.gain > 1:
             return LargePlans(None, None, ph)
-        if phased.gain * LARGE_MODEL_MARGIN < 1:
-            ph = None
+        ph = None
     ops, order_a, _ = _round_ops(ls)
     return LargePlans(_rounds_plan(task, topology, ls, ops, order_a), None, ph)
 
