@@ -277,25 +277,23 @@ def time_floor(plan: Plan, topology: Topology) -> float:
     return _floor(_op_model(plan, nics), nics)
 
 
-def copy_send_floor(steps: Sequence[tuple[int, ...]], nbytes: Sequence[int],
+def copy_send_floor(srcs: Sequence[int], dsts: Sequence[int], nbytes: Sequence[int],
                     topology: Topology) -> float:
-    """:func:`time_floor` of the plan whose operations are, in order, a ``Copy`` on rank ``r``
-    for each step ``(r,)`` and a ``Send`` from ``a`` to ``b`` for each step ``(a, b)``, moving
-    ``nbytes`` each: the same number, without building the plan (the same float operations in
-    the same order as :func:`_floor` on the plan's model)."""
+    """:func:`time_floor` of the plan whose operation ``k`` is a ``Copy`` on rank ``dsts[k]``
+    where ``srcs[k] < 0``, else a ``Send`` from ``srcs[k]`` to ``dsts[k]``, moving ``nbytes[k]``:
+    the same number, without building the plan (the same float operations in the same order as
+    on the plan's model)."""
     nics = _nics(topology)
     host_of, gid, lat, intra, caps = nics.host_of, nics.gid, nics.lat, nics.intra, nics.caps
     load = [0.0] * len(caps)
     free: dict[int, float] = {}
     get = free.get
     end, first_lat = 0.0, math.inf
-    for rk, nb in zip(steps, nbytes):
-        if len(rk) == 1:
-            r = rk[0]
-            t = get(r, 0.0) + 0.0 + (nb / intra if nb else 0.0)
-            free[r] = t
+    for a, b, nb in zip(srcs, dsts, nbytes):
+        if a < 0:
+            t = get(b, 0.0) + 0.0 + (nb / intra if nb else 0.0)
+            free[b] = t
         else:
-            a, b = rk
             fa, fb = get(a, 0.0), get(b, 0.0)
             start = fa if fa >= fb else fb
             if host_of[a] == host_of[b]:

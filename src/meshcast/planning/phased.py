@@ -136,7 +136,7 @@ def phased_sends(
     else:  # NICs of different sizes on the two sides: one Latin square per block
         n_s, n_r = np.bincount(s_group, minlength=g), np.bincount(r_group, minlength=g)
         rounds = (r_index[j] - s_index[i]) % np.maximum(n_s[gs], n_r[gr])
-    order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch)).tolist()
+    order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch))
     cuts = epoch_cuts(g)[epoch, gs]
     return Phased(_with_lead_pieces(order, senders, remotes, boxes, cuts, epoch), gain)
 
@@ -188,7 +188,7 @@ def _nic_groups(side: tuple[np.ndarray, np.ndarray], g: int
 
 
 def _with_lead_pieces(
-    order: list[int],
+    order: np.ndarray,
     senders: list[int],
     remotes: list[tuple[int, ...]],
     boxes: list[Box],
@@ -198,18 +198,30 @@ def _with_lead_pieces(
     """The sends in ``order``; the first send of each sender in each epoch cut into ``cuts + 1``
     pieces along its longest dimension (``cuts`` one-row pieces and the rest, as many as its
     rows allow), so its block runs ``cuts`` start-ups later."""
-    ops: list[Op] = []
-    lead: set[tuple[int, int]] = set()  # (epoch, sender) whose first operation is placed
-    for p in order:
-        a, b, box = senders[p], remotes[p][0], boxes[p]
-        cut, key = int(cuts[p]), (int(epoch[p]), a)
-        if cut and box and key not in lead:
-            lead.add(key)
-            d = max(range(len(box)), key=lambda x: box[x].stop - box[x].start)
-            lo, hi = box[d].start, box[d].stop
-            cut = min(cut, hi - lo - 1)
-            for x in range(lo, lo + max(cut, 0)):
-                ops.append(Send(a, b, (*box[:d], slice(x, x + 1), *box[d + 1 :])))
-            box = (*box[:d], slice(lo + max(cut, 0), hi), *box[d + 1 :])
-        ops.append(Send(a, b, box))
-    return ops
+    ops: list[Op] = [Send(senders[p], remotes[p][0], boxes[p]) for p in order.tolist()]
+    snd = np.asarray(senders, dtype=np.int64)[order]
+    key = epoch[order] * (int(snd.max()) + 1 if len(snd) else 1) + snd
+    _, first = np.unique(key, return_index=True)  # first send of each (epoch, sender)
+    first = np.sort(first[cuts[order][first] > 0])
+    out: list[Op] = []
+    done = 0
+    for k in first.tolist():
+        out += ops[done:k]
+        out += _lead_pieces(ops[k], int(cuts[order[k]]))
+        done = k + 1
+    out += ops[done:]
+    return out
+
+
+def _lead_pieces(op: Send, cut: int) -> list[Op]:
+    """``op`` as ``cut`` one-row pieces along its longest dimension and the rest (fewer where
+    its rows do not allow; ``op`` itself for a 0-d box)."""
+    box = op.box
+    if not box:
+        return [op]
+    d = max(range(len(box)), key=lambda x: box[x].stop - box[x].start)
+    lo, hi = box[d].start, box[d].stop
+    cut = max(min(cut, hi - lo - 1), 0)
+    pieces: list[Op] = [Send(op.src, op.dst, (*box[:d], slice(x, x + 1), *box[d + 1 :]))
+                        for x in range(lo, lo + cut)]
+    return [*pieces, Send(op.src, op.dst, (*box[:d], slice(lo + cut, hi), *box[d + 1 :]))]
