@@ -92,7 +92,8 @@ def phased_sends(
     topology: Topology,
 ) -> Phased | None:
     """Sends of a complete bipartite graph (every sender once to every receiver) in the phased
-    order, for NICs that each serve an even number of senders (receivers); None otherwise.
+    order, for NICs that all serve the same number (two or more) of senders and of receivers,
+    or, where the two sides' NICs differ, an even number each; None otherwise.
 
     The ranks of each NIC are cut into ``g`` groups (:func:`phase_model`, consecutive in rank
     order) and the pairs into ``g`` epochs: in epoch ``e`` sender group ``a`` sends to receiver
@@ -113,10 +114,10 @@ def phased_sends(
     s_nic, r_nic = (np.array([nic[r] for r in x.tolist()], dtype=np.int64)
                     for x in (s_ranks, r_ranks))
     s_count, r_count = np.bincount(s_nic)[s_nic], np.bincount(r_nic)[r_nic]
-    if (s_count % 2).any() or (r_count % 2).any():
-        return None  # groups of unequal size load the NICs unevenly (measured slower)
     per_nic = int(s_count[0])
     aligned = bool((s_count == per_nic).all() and (r_count == per_nic).all())
+    if per_nic < 2 or (not aligned and ((s_count % 2).any() or (r_count % 2).any())):
+        return None  # groups of unequal size load the NICs unevenly (measured slower)
     g, gain = 2, None
     if aligned:
         bw = min(*topology.nic_out_gbps, *topology.nic_in_gbps) * GBIT
