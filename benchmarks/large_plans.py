@@ -6,11 +6,14 @@
    rank (``S01RR -> RS01R``, 12 x 8 ranks each side, so 9,216 slices), on
    ``Topology.uniform`` clusters with 2, 3, 4 or 8 ranks per host, 1 or 2 NICs per host, 1-100
    Gbit/s NICs and 30 us start-up. Prints simulated time / lower bound of both orders of
-   ``meshcast.planning.large.large_plan`` and checks the phased plan's data exactly.
+   ``meshcast.planning.large.large_plan`` (and the phased order's groups per NIC, as the cost
+   model picks them where it applies), which of them the large path of ``auto`` builds
+   (``prune=True``), and checks the phased plan's data exactly.
 2. The 64x8 -> 64x8 case of the planner-speed target (4096 x 4096 x 64 float32, 262,144 slices)
    on ``Topology.uniform(256, 4, nic_gbps=10)`` (four ranks per NIC, so no certificate): the time
-   ``meshcast.plan`` takes and the plan it keeps, then the parts timed one by one. Slow (about
-   a minute); ``--skip-large`` leaves it out.
+   ``meshcast.plan`` takes and the plan it keeps, then the parts timed one by one, and the
+   ``tracemalloc`` peak of ``meshcast.plan``. Slow (about a minute); ``--skip-large`` leaves it
+   out.
 
 Planning times on a shared machine are noisy; the ratios are deterministic.
 """
@@ -19,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import time
+import tracemalloc
 
 import numpy as np
 
 import meshcast as mc
+from meshcast.planning.floors import first_holder_floor
 from meshcast.planning.large import large_plan
+from meshcast.planning.phased import phase_model
 
 
 def all_to_all(n_src: int, n_dst: int, shape: tuple[int, ...]) -> mc.ReshardTask:
@@ -62,8 +68,13 @@ def compare_orders() -> None:
         x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
         out = mc.gather(mc.execute_local(phased, mc.scatter(x, task.src)), task.dst, shape)
         assert np.array_equal(out, x)
-        print(head, f"phased {mc.simulate(phased).time_s / bound:.3f},"
-              f" latin {mc.simulate(latin).time_s / bound:.3f}")
+        pruned = large_plan(task, topo, prune=True)
+        kept = "both" if pruned.rounds is not None and pruned.phased is not None else (
+            "phased" if pruned.phased is not None else "latin")
+        slice_s = np.prod(shape) * 4 / (n_src * n_dst * 64) / (gbps * 1e9 / 8)
+        groups = phase_model(per_host // nics, max(n_src, n_dst) * 8, 30e-6, slice_s)[0]
+        print(head, f"phased {mc.simulate(phased).time_s / bound:.3f} ({groups} groups),"
+              f" latin {mc.simulate(latin).time_s / bound:.3f}; large path builds {kept}")
 
 
 def large_case() -> None:
@@ -72,27 +83,33 @@ def large_case() -> None:
     topo = mc.Topology.uniform(256, 4, nic_gbps=10)
     clock = time.perf_counter
     t0 = clock()
-    kept = mc.plan(task, topo)
+    kept = mc.plan(task, topo, cache=False)
     print(f"  mc.plan: {clock() - t0:.1f} s, {len(kept.ops)} operations")
     t0 = clock()
-    latin, _, phased = large_plan(task, topo)
+    pruned = large_plan(task, topo, prune=True)
     t1 = clock()
     bound = mc.lower_bound(task, topo)
     t2 = clock()
-    t_latin = mc.simulate(latin, topo).time_s
+    built = pruned.phased if pruned.phased is not None else pruned.rounds
+    t_built = mc.simulate(built, topo).time_s
     t3 = clock()
-    t_phased = mc.simulate(phased, topo).time_s
+    floor = first_holder_floor(task, topo)
     t4 = clock()
-    print(f"  large plans {t1 - t0:.1f} s, bound {t2 - t1:.1f} s, simulations {t3 - t2:.1f} and"
-          f" {t4 - t3:.1f} s; latin {t_latin / bound:.3f}, phased {t_phased / bound:.3f} x bound;"
-          f" kept the phased plan: {kept.ops == phased.ops}")
-    for b in ("none", "size", "order"):
-        t0 = clock()
-        p = mc.plan(task, topo, strategy="send_recv", balance=b)
-        t1 = clock()
-        floor = mc.time_floor(p, topo)
-        print(f"  send_recv/{b}: built in {t1 - t0:.1f} s, time floor {floor / bound:.3f} x bound"
-              f" ({clock() - t1:.1f} s)")
+    order = mc.plan(task, topo, strategy="send_recv", balance="order", cache=False)
+    t5 = clock()
+    order_floor = mc.time_floor(order, topo)
+    t6 = clock()
+    which = "phased" if pruned.phased is not None else "rounds"
+    print(f"  large plans (pruned: {which} only: {pruned.rounds is None or pruned.phased is None})"
+          f" {t1 - t0:.1f} s, bound {t2 - t1:.1f} s, its simulation {t3 - t2:.1f} s"
+          f" ({t_built / bound:.3f} x bound; kept: {kept.ops == built.ops});"
+          f" first-holder floor {floor / bound:.3f} x bound ({t4 - t3:.1f} s, plan not built);"
+          f" order plan {t5 - t4:.1f} s, its floor {order_floor / bound:.3f} x bound"
+          f" ({t6 - t5:.1f} s)")
+    tracemalloc.start()
+    mc.plan(task, topo, cache=False)
+    print(f"  tracemalloc peak of mc.plan: {tracemalloc.get_traced_memory()[1] / 2**20:.0f} MiB")
+    tracemalloc.stop()
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ from ..core.units import GBIT
 from .events import run_events
 from .report import SimReport
 
-__all__ = ["SimReport", "simulate", "simulate_many", "time_floor"]
+__all__ = ["SimReport", "copy_send_floor", "simulate", "simulate_many", "time_floor"]
 
 
 class _Nics:
@@ -274,13 +274,54 @@ def time_floor(plan: Plan, topology: Topology) -> float:
     one latency. Linear in the plan's size; used to skip simulating plans that cannot win.
     """
     nics = _nics(topology)
+    return _floor(_op_model(plan, nics), nics)
+
+
+def copy_send_floor(srcs: Sequence[int], dsts: Sequence[int], nbytes: Sequence[int],
+                    topology: Topology) -> float:
+    """:func:`time_floor` of the plan whose operation ``k`` is a ``Copy`` on rank ``dsts[k]``
+    where ``srcs[k] < 0``, else a ``Send`` from ``srcs[k]`` to ``dsts[k]``, moving ``nbytes[k]``:
+    the same number, without building the plan (the same float operations in the same order as
+    on the plan's model)."""
+    nics = _nics(topology)
+    host_of, gid, lat, intra, caps = nics.host_of, nics.gid, nics.lat, nics.intra, nics.caps
+    load = [0.0] * len(caps)
+    free: dict[int, float] = {}
+    get = free.get
+    end, first_lat = 0.0, math.inf
+    for a, b, nb in zip(srcs, dsts, nbytes):
+        if a < 0:
+            t = get(b, 0.0) + 0.0 + (nb / intra if nb else 0.0)
+            free[b] = t
+        else:
+            fa, fb = get(a, 0.0), get(b, 0.0)
+            start = fa if fa >= fb else fb
+            if host_of[a] == host_of[b]:
+                t = start + lat + (nb / intra if nb else 0.0)
+            else:
+                ra, rb = 2 * gid[a], 2 * gid[b] + 1
+                slowest = caps[ra] if caps[ra] < caps[rb] else caps[rb]
+                t = start + lat + (nb / slowest if nb else 0.0)
+                load[ra] += nb
+                load[rb] += nb
+                if lat < first_lat:
+                    first_lat = lat
+            free[a] = free[b] = t
+        if t > end:
+            end = t
+    nic = max((b / c for b, c in zip(load, caps) if b), default=0.0)
+    return max(end, first_lat + nic if nic else 0.0)
+
+
+def _floor(model: _Model, nics: _Nics) -> float:
+    """:func:`time_floor` of the operations of ``model``."""
     caps = nics.caps
     load = [0.0] * len(caps)
     free: dict[int, float] = {}
     get, zeros = free.get, itertools.repeat(0.0)
     first_lat = math.inf
     end = 0.0
-    for ranks, nbytes, res, cap, lat in zip(*_op_model(plan, nics)):
+    for ranks, nbytes, res, cap, lat in zip(*model):
         slowest = cap
         for r in res:
             if caps[r] < slowest:

@@ -42,7 +42,7 @@ from .budgets import (
 from .classes import SliceClasses
 from .dispatch import dispatch, order_items
 from .fixed import STRATEGIES, fixed_plan
-from .floors import strategy_floors
+from .floors import first_holder_floor, strategy_floors
 from .items import Item, own_items
 from .large import large_plan
 from .order import order_plan
@@ -142,10 +142,12 @@ class _FixedStage:
     :meth:`settled` says whether no fixed plan can be faster than the best so far."""
 
     def __init__(self, task: ReshardTask, topology: Topology, lbd: LowerBound,
-                 strategy: str | None, pool: _Pool, *, use_floors: bool = True) -> None:
+                 strategy: str | None, pool: _Pool, *, use_floors: bool = True,
+                 direct_floor: bool = False) -> None:
         self.task, self.topology, self.lbd, self.pool = task, topology, lbd, pool
         self.strategies = STRATEGIES if strategy is None else (strategy,)
         self._floors: dict[str, float] | None = None if use_floors else {}
+        self.direct_floor = direct_floor
         self.built = False
 
     def floors(self) -> dict[str, float]:
@@ -174,12 +176,25 @@ class _FixedStage:
                 continue  # no fixed plan of s can be faster than the best so far
             for b in balances:
                 j = FIXED_BALANCES.index(b)
+                if self._ruled_out_unbuilt(s, b, len(strategies) < len(self.strategies)):
+                    continue
                 p = _fixed(self.task, self.topology, s, b)
                 if self.pool.beats(time_floor(p, self.topology)):
                     continue  # its quick floor shows it cannot be faster: not simulated
                 out.append(((3, k, j), s, b, p.ops, p.fallbacks))
         self.built = True
         return out
+
+
+    def _ruled_out_unbuilt(self, strategy: str, balance: str, one_for_all: bool) -> bool:
+        """With ``direct_floor``: whether the ``"none"`` plan of ``strategy`` (the same
+        operations as ``send_recv``'s when it is ``send_recv`` or stands for all strategies) is
+        ruled out by its :func:`meshcast.time_floor` computed without building it
+        (:func:`~meshcast.planning.floors.first_holder_floor`)."""
+        if not (self.direct_floor and self.pool.times and balance == "none"
+                and (strategy == "send_recv" or one_for_all)):
+            return False
+        return self.pool.beats(first_holder_floor(self.task, self.topology))
 
 
 class _Pool:
@@ -307,19 +322,23 @@ def _fingerprint(ops: tuple[Op, ...]) -> tuple:
 
 def _checked_large_plan(task: ReshardTask, topology: Topology, strategy: str | None) -> Plan:
     """Above :data:`AUTO_SIM_LIMIT` slices: the vectorised plan (or its phased order, if that
-    simulates faster), kept if it meets the lower bound; otherwise the fastest of it and the
-    fixed combinations (ties: the vectorised plan), built as the fixed stage of the smaller
-    tasks builds them (a fixed plan simulated only when its :func:`meshcast.time_floor` is below
-    the best so far; one strategy for all when every slice has one receiver to reach), without
-    the strategy floors (a walk over every slice)."""
-    large, exact, phased = large_plan(task, topology)
+    simulates faster; only the one the cost model predicts faster where it predicts a clear
+    gap), kept if it meets the lower bound; otherwise the fastest of it and the fixed
+    combinations (ties: the vectorised plan), built as the fixed stage of the smaller tasks
+    builds them (a fixed plan simulated only when its :func:`meshcast.time_floor` is below the
+    best so far; one strategy for all when every slice has one receiver to reach; the
+    ``"none"`` plan's floor computed without building it), without the strategy floors (a
+    walk over every slice)."""
+    large, exact, phased = large_plan(task, topology, prune=True)
     pool = _Pool(task, topology)
-    pool.add([((2, 0), "broadcast", "own", large.ops, ())], exact)
+    if large is not None:
+        pool.add([((2, 0), "broadcast", "own", large.ops, ())], exact)
     if phased is not None:
         pool.add([((2, 1), "broadcast", "own", phased.ops, ())])
     lbd = lower_bound_details(task, topology)
     if pool.best_time() > lbd.unmargined_s * (1 + CERTIFY_TOL):  # else no plan is faster
-        pool.add(_FixedStage(task, topology, lbd, strategy, pool, use_floors=False)())
+        pool.add(_FixedStage(task, topology, lbd, strategy, pool, use_floors=False,
+                             direct_floor=True)())
     return pool.plan(pool.best())
 
 

@@ -30,16 +30,20 @@ is already no slower (:mod:`meshcast.planning.auto`). Linear in the unit slices.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
+
+import numpy as np
 
 from ..core.boxes import box_size
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound
+from ..estimate.simulate import copy_send_floor
 from .fixed import STRATEGIES, allgather_groups
 from .items import Nets
 
-__all__ = ["strategy_floors"]
+__all__ = ["first_holder_floor", "strategy_floors"]
 
 
 def strategy_floors(task: ReshardTask, topology: Topology, lbd: LowerBound) -> dict[str, float]:
@@ -114,3 +118,38 @@ def _broadcast_rate(nets: Nets, holders: tuple[int, ...], remote: tuple[int, ...
         fans = len(remote) > len(entered)  # some host gets two or more, or the sender's has one
         rate = max(rate, min(out, *entered, *((nets.intra,) if fans else ())))
     return rate
+
+
+def first_holder_floor(task: ReshardTask, topology: Topology) -> float:
+    """:func:`meshcast.time_floor` of ``fixed_plan(task, topology, "send_recv", "none")``
+    without building the plan: per unit slice in order, a copy on each receiver that holds it,
+    then a send from the first holder of its source tile to each receiver that does not (the
+    same number: :func:`~meshcast.estimate.simulate.copy_send_floor`). Vectorised where the
+    meshes share no rank (then no receiver holds anything)."""
+    dec = task.decomposition
+    holders_of, receivers_of = dec.holders_of_tile, dec.receivers_of_tile
+    nbytes = dec.sizes() * task.itemsize
+    if set(task.src.mesh.devices).isdisjoint(task.dst.mesh.devices):
+        first = np.array([h[0] for h in holders_of], dtype=np.int64)
+        count = np.array([len(r) for r in receivers_of], dtype=np.int64)
+        flat = np.fromiter(itertools.chain.from_iterable(receivers_of), dtype=np.int64)
+        start = np.concatenate(([0], np.cumsum(count)[:-1]))
+        per = count[dec.dst_tile]
+        within = np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
+        srcs = np.repeat(first[dec.src_tile], per)
+        dsts = flat[np.repeat(start[dec.dst_tile], per) + within]
+        return copy_send_floor(srcs.tolist(), dsts.tolist(), np.repeat(nbytes, per).tolist(),
+                               topology)
+    n_dst = max(len(receivers_of), 1)
+    pairs, inverse = np.unique(dec.src_tile * n_dst + dec.dst_tile, return_inverse=True)
+    steps_of: list[list[tuple[int, int]]] = []
+    for pr in pairs.tolist():
+        holders = holders_of[pr // n_dst]
+        want = receivers_of[pr % n_dst]
+        steps_of.append([(-1, r) for r in want if r in holders]
+                        + [(holders[0], r) for r in want if r not in holders])
+    inv = inverse.ravel()
+    counts = np.array([len(x) for x in steps_of], dtype=np.int64)[inv]
+    steps = list(itertools.chain.from_iterable(steps_of[q] for q in inv.tolist()))
+    return copy_send_floor([a for a, _ in steps], [b for _, b in steps],
+                           np.repeat(nbytes, counts).tolist(), topology)

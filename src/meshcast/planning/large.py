@@ -3,8 +3,8 @@ exact time where that can be had without the simulator.
 
 One broadcast per unit slice, senders in turn among the holders of each source tile, ordered in
 rank-disjoint rounds (a Latin square when every sender sends to every receiver, else a
-first-fit colouring); where NICs are shared also a phased order that overlaps one half of each
-NIC's start-ups with the other half's transfers (:func:`_phased_sends`). Where no NIC serves two
+first-fit colouring); where NICs are shared also a phased order that overlaps the start-ups of
+some of each NIC's ranks with the others' transfers (:mod:`.phased`). Where no NIC serves two
 ranks the plan's simulated time is evaluated exactly round by round (:func:`_rounds_time`).
 """
 
@@ -22,8 +22,9 @@ from ..core.task import ReshardTask
 from ..core.topology import Topology
 from .dispatch import first_fit_rounds
 from .items import Nets
+from .phased import complete_bipartite, phased_sends
 
-__all__ = ["large_plan", "unshared_nics"]
+__all__ = ["LargePlans", "large_plan", "unshared_nics"]
 
 
 def unshared_nics(topology: Topology) -> bool:
@@ -106,108 +107,12 @@ def _rounds(senders: list[int], remotes: list[tuple[int, ...]]) -> np.ndarray:
     (bit masks per rank).
     """
     n = len(senders)
-    graph = _complete_bipartite(senders, remotes)
+    graph = complete_bipartite(senders, remotes)
     if graph is not None:
         s_ranks, r_ranks, i, j = graph
         return (i + j) % max(len(s_ranks), len(r_ranks))
     resources = [(sender, *remote) for sender, remote in zip(senders, remotes)]
     return np.array(first_fit_rounds(resources, range(n)), dtype=np.int64)
-
-
-def _complete_bipartite(
-    senders: list[int], remotes: list[tuple[int, ...]]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """For sends in which every sender sends once to every receiver and no rank is on both sides:
-    the sender ranks, the receiver ranks (sorted), and each send's index into both; else None."""
-    n = len(senders)
-    if not n or any(len(r) != 1 for r in remotes):
-        return None
-    s_ranks, i = np.unique(np.array(senders, dtype=np.int64), return_inverse=True)
-    r_ranks, j = np.unique(np.array([r[0] for r in remotes], dtype=np.int64), return_inverse=True)
-    if n != len(s_ranks) * len(r_ranks) or len(np.unique(i * len(r_ranks) + j)) != n:
-        return None
-    if np.intersect1d(s_ranks, r_ranks).size:
-        return None
-    return s_ranks, r_ranks, i, j
-
-
-def _phased_sends(
-    senders: list[int], remotes: list[tuple[int, ...]], boxes: list[Box], topology: Topology
-) -> list[Op] | None:
-    """Sends of a complete bipartite graph (every sender once to every receiver) ordered in two
-    phases, for NICs that serve an even number of senders (receivers); None otherwise.
-
-    Latin-square rounds over all ranks start every operation of a round together: all the ranks
-    of a NIC pay their start-up at once and the NIC idles meanwhile. Here the ranks of each NIC
-    are cut into two halves (in rank order) and the pairs into two epochs: first half to first
-    half and second to second, then crosswise; each block (a sender half x a receiver half) is a
-    Latin square of its own, and the blocks of an epoch share no rank. The first operation of
-    each second-half sender in each epoch is cut into a one-row piece and the rest, so its block
-    runs one start-up behind the other: one half's transfers fill the NIC while the other half
-    pays its start-ups.
-    """
-    graph = _complete_bipartite(senders, remotes)
-    if graph is None:
-        return None
-    s_ranks, r_ranks, i, j = graph
-    nic, _ = topology.global_nics()
-    sides = _nic_halves(s_ranks, nic), _nic_halves(r_ranks, nic)
-    if sides[0] is None or sides[1] is None:
-        return None  # halves of unequal size load the NICs unevenly (measured slower)
-    (s_half, s_index), (r_half, r_index) = sides
-    n_s = np.bincount(s_half, minlength=2)
-    n_r = np.bincount(r_half, minlength=2)
-    gs, gr = s_half[i], r_half[j]
-    k = np.maximum(n_s[gs], n_r[gr])
-    epoch = gs ^ gr
-    rounds = (r_index[j] - s_index[i]) % k
-    order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch)).tolist()
-    return _with_lead_pieces(order, senders, remotes, boxes, gs, epoch)
-
-
-def _nic_halves(ranks: np.ndarray, nic: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per rank: its half (0, 1) among its NIC's ranks (in rank order), and its index within
-    that half; None unless every NIC serves an even number of them."""
-    nics = np.array([nic[r] for r in ranks.tolist()], dtype=np.int64)
-    size = np.bincount(nics)[nics]
-    if (size % 2).any():
-        return None
-    order = np.lexsort((ranks, nics))
-    pos = np.empty(len(ranks), dtype=np.int64)
-    starts = np.searchsorted(nics[order], nics[order], side="left")
-    pos[order] = np.arange(len(ranks)) - starts
-    half = (pos >= size // 2).astype(np.int64)
-    index = np.empty(len(ranks), dtype=np.int64)
-    for h in (0, 1):
-        members = np.flatnonzero(half == h)
-        index[members] = np.arange(len(members))
-    return half, index
-
-
-def _with_lead_pieces(
-    order: list[int],
-    senders: list[int],
-    remotes: list[tuple[int, ...]],
-    boxes: list[Box],
-    gs: np.ndarray,
-    epoch: np.ndarray,
-) -> list[Op]:
-    """The sends in ``order``; the first send of each second-half sender (``gs``) in each epoch
-    cut into a one-row piece and the rest, so its block runs one start-up behind."""
-    ops: list[Op] = []
-    lead: set[tuple[int, int]] = set()  # (epoch, sender) whose first operation is placed
-    for p in order:
-        a, b, box = senders[p], remotes[p][0], boxes[p]
-        key = (int(epoch[p]), a)
-        if gs[p] and key not in lead:
-            lead.add(key)
-            d = max(range(len(box)), key=lambda x: box[x].stop - box[x].start)
-            lo, hi = box[d].start, box[d].stop
-            if hi - lo >= 2:
-                ops.append(Send(a, b, (*box[:d], slice(lo, lo + 1), *box[d + 1 :])))
-                box = (*box[:d], slice(lo + 1, hi), *box[d + 1 :])
-        ops.append(Send(a, b, box))
-    return ops
 
 
 class _LargeSends(NamedTuple):
@@ -263,29 +168,58 @@ def _large_sends(task: ReshardTask) -> _LargeSends:
     return _LargeSends(copies, keep, senders, remotes, boxes, dec.sizes())
 
 
-def large_plan(task: ReshardTask, topology: Topology) -> tuple[Plan, float | None, Plan | None]:
-    """``"auto"``'s plan for large tasks: one broadcast per slice, senders in turn among the
-    holders of each source tile (vectorised), ordered in rank-disjoint rounds.
+class LargePlans(NamedTuple):
+    """What :func:`large_plan` builds: the plan in rank-disjoint rounds (None where pruned), its
+    exact simulated time (None unless no NIC serves two ranks), the phased order (None where
+    it does not apply or is pruned)."""
 
-    Returns the plan; its exact simulated time (:func:`_rounds_time`) when no NIC serves two
-    ranks, else None; and where NICs are shared, the same sends in the order of
-    :func:`_phased_sends` when that applies, else None."""
+    rounds: Plan | None
+    exact: float | None
+    phased: Plan | None
+
+
+def large_plan(task: ReshardTask, topology: Topology, *, prune: bool = False) -> LargePlans:
+    """``"auto"``'s plans for large tasks: one broadcast per slice, senders in turn among the
+    holders of each source tile (vectorised), ordered in rank-disjoint rounds, and where NICs
+    are shared the same sends in the order of :func:`~.phased.phased_sends` when that applies.
+
+    With ``prune``, of the two orders only the one that :func:`~.phased.phase_model` predicts
+    faster is built where the model applies (:class:`~.phased.Phased` ``gain``; both
+    otherwise)."""
     ls = _large_sends(task)
     copies, keep, senders, remotes, boxes = ls.copies, ls.keep, ls.senders, ls.remotes, ls.boxes
+    if unshared_nics(topology):
+        ops, order_a, slot = _round_ops(ls)
+        exact = _exact_time(task, topology, ls, ops, order_a, slot)
+        return LargePlans(_rounds_plan(task, topology, ls, ops, order_a), exact, None)
+    phased = phased_sends(senders, remotes, [boxes[i] for i in keep],
+                          ls.sizes[keep] * task.itemsize, topology)
+    ph = None if phased is None else Plan(task, (*copies, *phased.ops), "broadcast", "auto",
+                                          topology)
+    if prune and phased is not None and phased.gain is not None:
+        if phased.gain > 1:
+            return LargePlans(None, None, ph)
+        ph = None
+    ops, order_a, _ = _round_ops(ls)
+    return LargePlans(_rounds_plan(task, topology, ls, ops, order_a), None, ph)
+
+
+def _round_ops(ls: _LargeSends) -> tuple[list[Op], np.ndarray, np.ndarray]:
+    """The operations of ``ls`` (a send or a broadcast per slice), their order in rank-disjoint
+    rounds (largest first within a round) and each one's round."""
     ops: list[Op] = [
-        Send(a, rem[0], boxes[i]) if len(rem) == 1 else Broadcast(a, rem, boxes[i])
-        for i, a, rem in zip(keep, senders, remotes)
+        Send(a, rem[0], ls.boxes[i]) if len(rem) == 1 else Broadcast(a, rem, ls.boxes[i])
+        for i, a, rem in zip(ls.keep, ls.senders, ls.remotes)
     ]
-    slot = _rounds(senders, remotes)
-    order_a = np.lexsort((np.arange(len(ops)), -ls.sizes[keep] if keep else [], slot))
-    out = Plan(task, (*copies, *(ops[j] for j in order_a.tolist())), "broadcast", "auto",
-               topology)
-    if not unshared_nics(topology):
-        phased = _phased_sends(senders, remotes, [boxes[i] for i in keep], topology)
-        if phased is None:
-            return out, None, None
-        return out, None, Plan(task, (*copies, *phased), "broadcast", "auto", topology)
-    return out, _exact_time(task, topology, ls, ops, order_a, slot), None
+    slot = _rounds(ls.senders, ls.remotes)
+    order_a = np.lexsort((np.arange(len(ops)), -ls.sizes[ls.keep] if ls.keep else [], slot))
+    return ops, order_a, slot
+
+
+def _rounds_plan(task: ReshardTask, topology: Topology, ls: _LargeSends, ops: list[Op],
+                 order_a: np.ndarray) -> Plan:
+    return Plan(task, (*ls.copies, *(ops[j] for j in order_a.tolist())), "broadcast", "auto",
+                topology)
 
 
 def _exact_time(

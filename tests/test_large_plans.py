@@ -1,0 +1,125 @@
+"""The large path of "auto" on shared NICs (issue 14): the phased order with g groups per NIC and
+its cost model, the pruning of the slower order, and the first-holder fixed plan's time floor
+computed without building the plan."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from strategies import tasks
+
+import meshcast as mc
+from meshcast.planning.auto import auto_plan
+from meshcast.planning.fixed import fixed_plan
+from meshcast.planning.floors import first_holder_floor
+from meshcast.planning.large import large_plan
+from meshcast.planning.phased import epoch_cuts, phase_model
+
+LAT = 30e-6
+
+
+def _all_to_all(hosts: int, shape: tuple[int, int]) -> mc.ReshardTask:
+    """Every rank of a ``hosts x 8`` mesh sends one slice to every rank of another."""
+    src = mc.Layout(mc.Mesh.from_range(0, (hosts, 8)), "S01R")
+    dst = mc.Layout(mc.Mesh.from_range(hosts * 8, (hosts, 8)), "RS01")
+    return mc.ReshardTask(shape, "float32", src, dst)
+
+
+def test_phase_model_values():
+    """Closed form: Latin rounds ``rounds * (lat + per_nic * transfer)``; g groups ``rounds *
+    (lat + per_nic / g * transfer) + (2 g - 2) lat`` where the g turns fit in a round (the
+    fewest groups within 1 % of the least); 2 (with the NIC as the bottleneck) where none
+    fit."""
+    g, phased, latin = phase_model(8, 64, LAT, 4e-6)  # g = 8 is modelled 0.6 % faster
+    assert g == 4
+    assert phased == pytest.approx(64 * (LAT + 2 * 4e-6) + 6 * LAT, rel=1e-12)
+    assert latin == pytest.approx(64 * (LAT + 8 * 4e-6), rel=1e-12)
+    assert phase_model(8, 8, LAT, 4e-6)[0] == 2  # few rounds: extra start-ups do not pay
+    g, phased, _ = phase_model(4, 16, LAT, 20e-6)  # 80 us of transfers > 30 + 20 us: no fit
+    assert g == 2 and phased == pytest.approx(16 * 80e-6 + 2 * LAT, rel=1e-12)
+
+
+def test_phased_order_with_four_groups():
+    """8 ranks per NIC, 5 KB slices (4 us at 10 Gbit/s), 64 rounds: the model picks four groups;
+    the plan moves the data exactly, has the lead pieces of epoch_cuts, and beats Latin-square
+    rounds by the modelled factor (within 1 %)."""
+    task = _all_to_all(8, (1600, 3200))
+    topo = mc.Topology.uniform(16, 8, nic_gbps=10)
+    assert epoch_cuts(4).tolist() == [[0, 1, 2, 3], [0, 0, 0, 1], [0, 0, 0, 1], [0, 0, 0, 1]]
+    latin, exact, phased = large_plan(task, topo)
+    assert exact is None
+    x = np.arange(1600 * 3200, dtype=np.float32).reshape(1600, 3200)
+    out = mc.execute_local(phased, mc.scatter(x, task.src))
+    assert np.array_equal(mc.gather(out, task.dst, task.shape), x)
+    # lead pieces: group a of each NIC (2 senders) a in the first epoch, group 3 one in each
+    # of the 3 others (8 NICs)
+    assert len(phased.ops) == 64 * 64 + 8 * 2 * (0 + 1 + 2 + 3 + 3)
+    _, model_phased, model_latin = phase_model(8, 64, LAT, 5000 / (10e9 / 8))
+    ratio = mc.simulate(latin).time_s / mc.simulate(phased).time_s
+    assert ratio == pytest.approx(model_latin / model_phased, rel=0.01)
+    assert ratio > 1.1
+
+
+@pytest.mark.parametrize("rows, kept", [(1024, "phased"), (64, "rounds")])
+def test_prune_builds_only_the_predicted_faster_order(rows, kept):
+    """Four ranks per NIC. 16 KiB slices: the model predicts the phased order 37 % faster, so
+    only it is built; 64-byte slices: Latin rounds 24 % faster. Whichever is built is the same
+    plan as without pruning, and it is the faster one in the simulator."""
+    src = mc.Layout(mc.Mesh.from_range(0, (2, 8)), "S01R")
+    dst = mc.Layout(mc.Mesh.from_range(16, (2, 8)), "RS01")
+    task = mc.ReshardTask((rows, rows), "float32", src, dst)
+    topo = mc.Topology.uniform(8, 4, nic_gbps=10)
+    both = large_plan(task, topo)
+    pruned = large_plan(task, topo, prune=True)
+    assert pruned.exact is None
+    assert (pruned.rounds is None, pruned.phased is None) == (kept == "phased", kept == "rounds")
+    plan = getattr(pruned, kept)
+    assert plan.ops == getattr(both, kept).ops
+    other = both.rounds if kept == "phased" else both.phased
+    assert mc.simulate(plan).time_s < mc.simulate(other).time_s
+    assert auto_plan(task, topo, None, sim_limit=2).ops == plan.ops
+
+
+@settings(max_examples=40, deadline=None)
+@given(tasks())
+def test_first_holder_floor_is_time_floor_of_the_none_plan(task):
+    """Computed from the task without building the plan, the floor is the same number."""
+    topo = mc.Topology.preset_for_meshes("p3.8xlarge", task.src.mesh, task.dst.mesh)
+    plan = fixed_plan(task, topo, "send_recv", "none")
+    assert first_holder_floor(task, topo) == mc.time_floor(plan, topo)
+
+
+def test_large_shared_nic_plan_same_in_two_processes():
+    """The large path on shared NICs (phased order, pruning, floors) is deterministic: the same
+    plan in a fresh process."""
+    code = (
+        "import hashlib, sys; sys.path.insert(0, 'tests'); import meshcast as mc;"
+        "from test_large_plans import _all_to_all;"
+        "from meshcast.planning.auto import auto_plan;"
+        "t = _all_to_all(8, (1600, 320)); topo = mc.Topology.uniform(16, 8, nic_gbps=10);"
+        "p = auto_plan(t, topo, None, sim_limit=2);"
+        "print(hashlib.sha256(p.to_json().encode()).hexdigest())"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    here = auto_plan(_all_to_all(8, (1600, 320)), mc.Topology.uniform(16, 8, nic_gbps=10), None,
+                     sim_limit=2)
+    assert other == hashlib.sha256(here.to_json().encode()).hexdigest()
+
+
+def test_phased_order_with_three_ranks_per_nic():
+    """An odd number of ranks per NIC: three groups of one (halves would differ in size). The
+    data arrive exactly and the plan beats Latin-square rounds, which start the three transfers
+    of a NIC together."""
+    task = _all_to_all(3, (768, 3072))  # 16 KiB slices: 13 us each on the NIC
+    topo = mc.Topology.uniform(16, 3, nic_gbps=10)
+    latin, _, phased = large_plan(task, topo)
+    x = np.arange(768 * 3072, dtype=np.float32).reshape(768, 3072)
+    out = mc.execute_local(phased, mc.scatter(x, task.src))
+    assert np.array_equal(mc.gather(out, task.dst, task.shape), x)
+    assert mc.simulate(phased).time_s < 0.8 * mc.simulate(latin).time_s
