@@ -107,6 +107,11 @@ class _HostModel:
                     d[h] = j.nbytes / min(out_bw[h], *(in_bw[x] for x in others))
             self.dur.append(d)
             self.local.append(local)
+        # per job: its receiver and candidate hosts as bit masks; per sender host, its hosts
+        self.rmask = [sum(1 << x for x in rh) for rh in self.recv_hosts]
+        self.cmask = [sum(1 << x for x in cands) for cands in self.cands]
+        self.span = [{h: rh if h in rh else (h, *rh) for h in cands}
+                     for rh, cands in zip(self.recv_hosts, self.cands)]
 
     def hosts(self, j: int, h: int) -> tuple[int, ...]:
         rh = self.recv_hosts[j]
@@ -116,13 +121,18 @@ class _HostModel:
         """List-schedule ``[(job, sender host), ...]`` in this order; return the makespan."""
         free = [0.0] * num_hosts
         end = 0.0
+        span, dur = self.span, self.dur
         for j, h in order:
-            hs = self.hosts(j, h)
-            s = max(free[x] for x in hs)
-            e = s + self.dur[j][h]
+            hs = span[j][h]
+            s = 0.0  # the latest free time of its hosts (all are at least 0)
+            for x in hs:
+                if free[x] > s:
+                    s = free[x]
+            e = s + dur[j][h]
             for x in hs:
                 free[x] = e
-            end = max(end, e)
+            if e > end:
+                end = e
         return end
 
 
@@ -138,65 +148,69 @@ def _greedy_rounds(
     mean: float,
 ) -> tuple[list[tuple[int, int]], int]:
     """One randomised trial: rounds of host-disjoint transfers (``mean``:
-    :func:`_mean_duration`). Returns (order, nodes spent)."""
+    :func:`_mean_duration`). Returns (order, nodes spent). Busy hosts are a bit mask; the noise
+    is drawn in one block (the same numbers as one draw per free sender: a generator's doubles
+    come one after another whatever the block size)."""
     remaining = [net[i] for i in rng.permutation(len(net))]
-    noise = _Draws(rng)
+    # a job draws once per free candidate when it is placed: at most this many draws in all
+    buf = rng.random(sum(len(model.cands[j]) for j in net)).tolist()
+    pos = 0
     load = [0.0] * num_hosts
     order: list[tuple[int, int]] = []
     nodes = 0
+    rmask, cands, dur = model.rmask, model.cands, model.dur
+    cmask = model.cmask
     while remaining:
-        busy: set[int] = set()
+        # the hosts a waiting job must reach, and those one may come from: once all of either
+        # are busy, the round is full
+        receiving = sending = busy = 0
+        for j in remaining:
+            receiving |= rmask[j]
+            sending |= cmask[j]
         rest: list[int] = []
-        for pos, j in enumerate(remaining):
+        for at, j in enumerate(remaining):
             nodes += 1
-            if nodes > budget:  # out of budget: the rest in one pass, least-loaded sender
-                rest.extend(remaining[pos:])
-                for jj in rest:
-                    h = min(model.cands[jj], key=lambda x: (load[x], x))
-                    load[h] += model.dur[jj][h]
-                    order.append((jj, h))
-                return order, nodes
-            if not busy.isdisjoint(model.recv_hosts[j]):
+            full = busy & receiving == receiving or busy & sending == sending
+            if full or nodes > budget:
+                rest.extend(remaining[at:])
+                if full:  # each waiting job is a node, as if visited
+                    nodes += len(remaining) - at - 1
+                if nodes > budget:  # out of budget: the rest in one pass, least-loaded sender
+                    _least_loaded_pass(model, rest, load, order)
+                    return order, budget + 1
+                break
+            if busy & rmask[j]:
                 rest.append(j)
                 continue
-            free = [h for h in model.cands[j] if h not in busy]
+            free = [h for h in cands[j] if not busy >> h & 1]
             if not free:
                 rest.append(j)
                 continue
-            # favour light load: load scaled by a random factor in [1, 1 + LOAD_NOISE)
-            u = noise.take(len(free))
-            if len(free) == 1:
+            k = len(free)
+            if k == 1:
                 h = free[0]
             else:
-                scaled = [load[x] / mean * (1 + LOAD_NOISE * v) for x, v in zip(free, u)]
-                h = free[min(range(len(free)), key=scaled.__getitem__)]
-            busy.update(model.hosts(j, h))
-            load[h] += model.dur[j][h]
+                # favour light load: load scaled by a random factor in [1, 1 + LOAD_NOISE)
+                scaled = [load[x] / mean * (1 + LOAD_NOISE * v)
+                          for x, v in zip(free, buf[pos : pos + k])]
+                h = free[min(range(k), key=scaled.__getitem__)]
+            pos += k
+            busy |= rmask[j] | (1 << h)
+            load[h] += dur[j][h]
             order.append((j, h))
         remaining = rest
     return order, nodes
 
 
-class _Draws:
-    """Uniform draws of ``rng`` taken a block at a time: ``take(k)`` returns the same numbers
-    as ``rng.random(k)`` would at that point (a generator's doubles come one after another
-    whatever the block size), with one numpy call per block instead of one per job."""
-
-    BLOCK = 1024
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self._rng = rng
-        self._buf: list[float] = []
-        self._pos = 0
-
-    def take(self, k: int) -> list[float]:
-        """The next ``k`` draws."""
-        if self._pos + k > len(self._buf):
-            self._buf = self._buf[self._pos :] + self._rng.random(max(k, self.BLOCK)).tolist()
-            self._pos = 0
-        out = self._buf[self._pos : self._pos + k]
-        self._pos += k
-        return out
+def _least_loaded_pass(
+    model: _HostModel, jobs: list[int], load: list[float], order: list[tuple[int, int]]
+) -> None:
+    """Append ``jobs`` to ``order``, each from its least loaded candidate host (``load`` kept up
+    to date): the end of a trial out of budget."""
+    for j in jobs:
+        h = min(model.cands[j], key=lambda x: (load[x], x))
+        load[h] += model.dur[j][h]
+        order.append((j, h))
 
 
 def _branch_and_bound(
@@ -214,41 +228,50 @@ def _branch_and_bound(
     lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
     shortest = {j: min(model.dur[j].values()) for j in net}
 
-    def dfs(todo: list[int], makespan: float) -> None:
+    cands, dur, span, recv_hosts = model.cands, model.dur, model.span, model.recv_hosts
+
+    def expand(todo: list[int], makespan: float) -> None:
+        """Visit the children of a node that was counted and not pruned (``todo`` not empty):
+        each (next job, sender) in turn, a node while the budget allows, pruned by the bound
+        (max over hosts of free time + work that must still enter it) before it recurses."""
         nonlocal nodes
-        if nodes >= budget:
-            return
-        nodes += 1
-        if not todo:
-            if makespan < best[0]:
-                best[0], best[1] = makespan, list(chosen)
-            return
-        bound = max(makespan, max(map(operator.add, free, must), default=makespan))
-        if bound >= best[0]:
-            return
         for k, j in enumerate(todo):
             mind = shortest[j]
             rest = todo[:k] + todo[k + 1 :]
-            for h in sorted(model.cands[j], key=lambda x: (free[x], x)):
-                hs = model.hosts(j, h)
-                start = max(free[x] for x in hs)
-                end = start + model.dur[j][h]
+            cj = cands[j]
+            for h in cj if len(cj) == 1 else sorted(cj, key=lambda x: (free[x], x)):
+                hs = span[j][h]
+                start = 0.0  # the latest free time of its hosts (all are at least 0)
+                for x in hs:
+                    if free[x] > start:
+                        start = free[x]
+                end = start + dur[j][h]
                 saved = [free[x] for x in hs]
                 for x in hs:
                     free[x] = end
-                for x in model.recv_hosts[j]:
+                for x in recv_hosts[j]:
                     must[x] -= mind
                 chosen.append((j, h))
-                dfs(rest, max(makespan, end))
+                if nodes < budget:
+                    nodes += 1
+                    m = end if end > makespan else makespan
+                    if not rest:
+                        if m < best[0]:
+                            best[0], best[1] = m, list(chosen)
+                    elif max(m, max(map(operator.add, free, must), default=m)) < best[0]:
+                        expand(rest, m)
                 chosen.pop()
-                for x in model.recv_hosts[j]:
+                for x in recv_hosts[j]:
                     must[x] += mind
                 for x, v in zip(hs, saved):
                     free[x] = v
                 if nodes >= budget:
                     return
 
-    dfs(lpt, 0.0)
+    if budget > 0:
+        nodes = 1  # the root (``net`` is not empty)
+        if max(0.0, max(map(operator.add, free, must), default=0.0)) < best[0]:
+            expand(lpt, 0.0)
     return best[1]
 
 
