@@ -32,6 +32,9 @@ LOAD_NOISE = 0.5
 """The greedy rounds draw a sender host by its load times a random factor in [1, 1.5): enough
 randomness that the seeded trials differ, while light hosts stay favoured. Set once; not
 derived."""
+BOUND_SLACK = 1e-12
+"""The branch and bound's spread bound (a sum of many durations) is scaled down by this relative
+margin, so float rounding can never prune a better order."""
 IMPROVEMENT = 1e-9
 """The search keeps an order only if it is faster than the best trial by this relative margin
 (a float tie is no improvement)."""
@@ -216,24 +219,36 @@ def _least_loaded_pass(
 def _branch_and_bound(
     model: _HostModel, net: list[int], num_hosts: int, incumbent: float, budget: int
 ) -> list[tuple[int, int]] | None:
-    """Depth-first branch and bound over (next transfer, sender); None if nothing better."""
+    """Depth-first branch and bound over (next transfer, sender); None if nothing better.
+
+    A node's bound is the largest of: its makespan; over hosts, free time + the work every
+    remaining job must put on it (on its receiver hosts; on its sender host too when it has one
+    candidate); over the candidate sender hosts together, their mean free time + the remaining
+    jobs' shortest work spread over them (every job occupies one of them)."""
     free = [0.0] * num_hosts
-    must = [0.0] * num_hosts  # work every remaining job puts on its receiver hosts
+    must = [0.0] * num_hosts  # work every remaining job puts on the hosts it must occupy
+    shortest = {j: min(model.dur[j].values()) for j in net}
+    on = {j: model.recv_hosts[j] if len(model.cands[j]) > 1
+          else tuple(dict.fromkeys((*model.recv_hosts[j], *model.cands[j]))) for j in net}
     for j in net:
-        for x in model.recv_hosts[j]:
-            must[x] += min(model.dur[j].values())
+        for x in on[j]:
+            must[x] += shortest[j]
+    senders = sorted({h for j in net for h in model.cands[j]})
+    spread = (1 - BOUND_SLACK) / len(senders)
     best: list = [incumbent * (1 - IMPROVEMENT), None]
     chosen: list[tuple[int, int]] = []
     nodes = 0
     lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
-    shortest = {j: min(model.dur[j].values()) for j in net}
+    cands, dur, span = model.cands, model.dur, model.span
 
-    cands, dur, span, recv_hosts = model.cands, model.dur, model.span, model.recv_hosts
+    def bound(makespan: float, left: float) -> float:
+        return max(makespan, max(map(operator.add, free, must)),
+                   (sum([free[x] for x in senders]) + left) * spread)
 
-    def expand(todo: list[int], makespan: float) -> None:
-        """Visit the children of a node that was counted and not pruned (``todo`` not empty):
-        each (next job, sender) in turn, a node while the budget allows, pruned by the bound
-        (max over hosts of free time + work that must still enter it) before it recurses."""
+    def expand(todo: list[int], makespan: float, left: float) -> None:
+        """Visit the children of a node that was counted and not pruned (``todo`` not empty,
+        ``left`` its jobs' shortest work): each (next job, sender) in turn, a node while the
+        budget allows, pruned by the bound before it recurses."""
         nonlocal nodes
         for k, j in enumerate(todo):
             mind = shortest[j]
@@ -249,7 +264,7 @@ def _branch_and_bound(
                 saved = [free[x] for x in hs]
                 for x in hs:
                     free[x] = end
-                for x in recv_hosts[j]:
+                for x in on[j]:
                     must[x] -= mind
                 chosen.append((j, h))
                 if nodes < budget:
@@ -258,10 +273,10 @@ def _branch_and_bound(
                     if not rest:
                         if m < best[0]:
                             best[0], best[1] = m, list(chosen)
-                    elif max(m, max(map(operator.add, free, must), default=m)) < best[0]:
-                        expand(rest, m)
+                    elif bound(m, left - mind) < best[0]:
+                        expand(rest, m, left - mind)
                 chosen.pop()
-                for x in recv_hosts[j]:
+                for x in on[j]:
                     must[x] += mind
                 for x, v in zip(hs, saved):
                     free[x] = v
@@ -270,8 +285,9 @@ def _branch_and_bound(
 
     if budget > 0:
         nodes = 1  # the root (``net`` is not empty)
-        if max(0.0, max(map(operator.add, free, must), default=0.0)) < best[0]:
-            expand(lpt, 0.0)
+        left = sum(shortest[j] for j in net)
+        if bound(0.0, left) < best[0]:
+            expand(lpt, 0.0, left)
     return best[1]
 
 
