@@ -40,7 +40,7 @@ from .budgets import (
     SEED,
 )
 from .classes import SliceClasses
-from .dispatch import dispatch, order_items
+from .dispatch import busiest_resource_work, dispatch, order_items
 from .fixed import STRATEGIES, fixed_plan
 from .floors import strategy_floors
 from .items import Item, own_items
@@ -250,6 +250,7 @@ class _OwnMethod:
         self.classes = SliceClasses(slices)
         self.lat = topology.latency_us * 1e-6
         self.built: dict[tuple[bool, bool], tuple[list[Item], str]] = {}
+        self.crit: dict[int, list[float]] = {}  # per built variant: the dispatch priorities
 
     def variants(self) -> list[Candidate]:
         """Every variant of :data:`OWN_VARIANTS` (only the first above ``sim_limit``
@@ -286,10 +287,12 @@ class _OwnMethod:
             return []
         items, label = built[c]
         trials = min(AUTO_TRIALS, AUTO_TRIAL_BUDGET // (len(built) * max(len(items), 1)))
+        if c not in self.crit:  # the same priorities for every trial of these items
+            self.crit[c] = busiest_resource_work(items, self.lat)
         out: list[Candidate] = []
         for k in range(first, min(first + TRIALS_PER_STAGE, trials)):
             rng = np.random.default_rng([SEED, c, k])
-            ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng)
+            ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng, crit=self.crit[c])
             out.append(((1, c, k), label, "own", self.classes.expand(ops), ()))
         return out
 
