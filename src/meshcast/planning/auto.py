@@ -103,17 +103,23 @@ def auto_plan(
     if strategy in (None, "broadcast"):
         own = _OwnMethod(task, topology, lbd, strategy, sim_limit)
         good = lbd.unmargined_s * (1 + AUTO_GOOD_ENOUGH)
-        stages = [own.variants, *own.trial_stages()]
+        # (stage, whether "close enough" may end the work after it): the own variants one at a
+        # time, so that one at the lower bound ends the work, but close enough only after all
+        variants = own.variant_stages()
+        stages = [(v, k == len(variants) - 1) for k, v in enumerate(variants)]
+        stages += [(t, True) for t in own.trial_stages()]
         pool.add(_large_candidates(task, topology))
+        checkpoint = True
         while True:
             if pool.best_time() <= lbd.unmargined_s * (1 + CERTIFY_TOL):
                 return pool.plan(pool.best())  # at the lower bound: no plan is faster
-            if pool.best_time() <= good:
+            if checkpoint and pool.best_time() <= good:
                 if fixed.settled():
                     return pool.plan(pool.best())
                 pool.add(fixed())  # all that is left to settle
             elif stages:
-                pool.add(stages.pop(0)())
+                stage, checkpoint = stages.pop(0)
+                pool.add(stage())
             else:
                 break
     if not fixed.built:
@@ -240,7 +246,7 @@ def _large_candidates(task: ReshardTask, topology: Topology) -> list[Candidate]:
 
 class _OwnMethod:
     """The plans of our own method (:mod:`.items`, :mod:`.dispatch`) in stages:
-    :meth:`variants`, then the seeded trials of :meth:`trial_stages`."""
+    :meth:`variant_stages`, then the seeded trials of :meth:`trial_stages`."""
 
     def __init__(self, task: ReshardTask, topology: Topology, lbd: LowerBound,
                  strategy: str | None, sim_limit: int) -> None:
@@ -252,27 +258,27 @@ class _OwnMethod:
         self.built: dict[tuple[bool, bool], tuple[list[Item], str]] = {}
         self.crit: dict[int, list[float]] = {}  # per built variant: the dispatch priorities
 
-    def variants(self) -> list[Candidate]:
-        """Every variant of :data:`OWN_VARIANTS` (only the first above ``sim_limit``
-        transfers)."""
-        out: list[Candidate] = []
-        for k, (stripe, chunk, order) in enumerate(
-            OWN_VARIANTS if self.within else OWN_VARIANTS[:1]
-        ):
-            if (stripe, chunk) not in self.built:
-                items, used_p2p = own_items(self.task, self.topology, self.classes.virtual,
-                                            self.lbd, stripe=stripe, chunk=chunk,
-                                            p2p=self.strategy is None)
-                self.built[(stripe, chunk)] = (items, "auto" if used_p2p else "broadcast")
-            items, label = self.built[(stripe, chunk)]
-            ops = self.classes.expand(order_items(items, order, self.lat))
-            out.append(((0, k), label, "own", ops, ()))
-        return out
+    def variant_stages(self) -> list[Callable[[], list[Candidate]]]:
+        """One stage per variant of :data:`OWN_VARIANTS` (only the first above ``sim_limit``
+        transfers), in that order; a variant's items are built by the first that needs them."""
+        n = len(OWN_VARIANTS) if self.within else 1
+        return [lambda k=k: [self._variant(k)] for k in range(n)]
+
+    def _variant(self, k: int) -> Candidate:
+        stripe, chunk, order = OWN_VARIANTS[k]
+        if (stripe, chunk) not in self.built:
+            items, used_p2p = own_items(self.task, self.topology, self.classes.virtual,
+                                        self.lbd, stripe=stripe, chunk=chunk,
+                                        p2p=self.strategy is None)
+            self.built[(stripe, chunk)] = (items, "auto" if used_p2p else "broadcast")
+        items, label = self.built[(stripe, chunk)]
+        ops = self.classes.expand(order_items(items, order, self.lat))
+        return ((0, k), label, "own", ops, ())
 
     def trial_stages(self) -> list[Callable[[], list[Candidate]]]:
         """Seeded non-delay trials with perturbed priorities, within a budget of items (none
         above ``sim_limit`` transfers), in stages of :data:`TRIALS_PER_STAGE`, on the item
-        variants that :meth:`variants` built (it runs first)."""
+        variants that :meth:`variant_stages` built (they run first)."""
         if not self.within:
             return []
         stages = []
