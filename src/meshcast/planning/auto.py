@@ -43,7 +43,7 @@ from .classes import SliceClasses
 from .dispatch import busiest_resource_work, dispatch, order_items
 from .fixed import STRATEGIES, fixed_plan
 from .floors import strategy_floors
-from .items import Item, own_items
+from .items import Item, OwnItems, own_items
 from .large import large_plan
 from .order import order_plan
 
@@ -257,6 +257,8 @@ class _OwnMethod:
         self.lat = topology.latency_us * 1e-6
         self.built: dict[tuple[bool, bool], tuple[list[Item], str]] = {}
         self.crit: dict[int, list[float]] = {}  # per built variant: the dispatch priorities
+        self.switches: dict[tuple[bool, bool], OwnItems] = {}  # the variants own_items built
+        self.ordered: dict[tuple[int, str], tuple[Op, ...]] = {}  # (id of items, order): ops
 
     def variant_stages(self) -> list[Callable[[], list[Candidate]]]:
         """One stage per variant of :data:`OWN_VARIANTS` (only the first above ``sim_limit``
@@ -267,13 +269,25 @@ class _OwnMethod:
     def _variant(self, k: int) -> Candidate:
         stripe, chunk, order = OWN_VARIANTS[k]
         if (stripe, chunk) not in self.built:
-            items, used_p2p = own_items(self.task, self.topology, self.classes.virtual,
-                                        self.lbd, stripe=stripe, chunk=chunk,
-                                        p2p=self.strategy is None)
-            self.built[(stripe, chunk)] = (items, "auto" if used_p2p else "broadcast")
+            self.built[(stripe, chunk)] = self._items(stripe, chunk)
         items, label = self.built[(stripe, chunk)]
-        ops = self.classes.expand(order_items(items, order, self.lat))
-        return ((0, k), label, "own", ops, ())
+        if (id(items), order) not in self.ordered:  # items shared by variants: ordered once
+            self.ordered[(id(items), order)] = self.classes.expand(
+                order_items(items, order, self.lat))
+        return ((0, k), label, "own", self.ordered[(id(items), order)], ())
+
+    def _items(self, stripe: bool, chunk: bool) -> tuple[list[Item], str]:
+        """The items of one sender variant and their strategy label: those of a variant built
+        already where the switches that differ changed nothing there (striping on but never
+        applied; no broadcast large enough to chunk), else built."""
+        for (s, c), built in self.switches.items():
+            if (s == stripe or (s and not built.striped)) and (c == chunk or not built.chunked):
+                break
+        else:
+            built = own_items(self.task, self.topology, self.classes.virtual, self.lbd,
+                              stripe=stripe, chunk=chunk, p2p=self.strategy is None)
+            self.switches[(stripe, chunk)] = built
+        return built.items, "auto" if built.used_p2p else "broadcast"
 
     def trial_stages(self) -> list[Callable[[], list[Candidate]]]:
         """Seeded non-delay trials with perturbed priorities, within a budget of items (none
