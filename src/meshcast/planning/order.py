@@ -224,7 +224,9 @@ def _branch_and_bound(
     A node's bound is the largest of: its makespan; over hosts, free time + the work every
     remaining job must put on it (on its receiver hosts; on its sender host too when it has one
     candidate); over the candidate sender hosts together, their mean free time + the remaining
-    jobs' shortest work spread over them (every job occupies one of them)."""
+    jobs' shortest work spread over them (every job occupies one of them); with more jobs than
+    those hosts, their least free time + the ``ceil(jobs / hosts)`` shortest jobs (one of them
+    takes that many)."""
     free = [0.0] * num_hosts
     must = [0.0] * num_hosts  # work every remaining job puts on the hosts it must occupy
     shortest = {j: min(model.dur[j].values()) for j in net}
@@ -241,9 +243,14 @@ def _branch_and_bound(
     lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
     cands, dur, span = model.cands, model.dur, model.span
 
-    def bound(makespan: float, left: float) -> float:
-        return max(makespan, max(map(operator.add, free, must)),
-                   (sum([free[x] for x in senders]) + left) * spread)
+    def bound(makespan: float, todo: list[int], left: float) -> float:
+        b = max(makespan, max(map(operator.add, free, must)),
+                (sum([free[x] for x in senders]) + left) * spread)
+        if len(todo) > len(senders):  # some sender takes at least k of them, after its free time
+            k = -(-len(todo) // len(senders))
+            least = sum(sorted([shortest[j] for j in todo])[:k])
+            b = max(b, (min([free[x] for x in senders]) + least) * (1 - BOUND_SLACK))
+        return b
 
     def expand(todo: list[int], makespan: float, left: float) -> None:
         """Visit the children of a node that was counted and not pruned (``todo`` not empty,
@@ -273,7 +280,7 @@ def _branch_and_bound(
                     if not rest:
                         if m < best[0]:
                             best[0], best[1] = m, list(chosen)
-                    elif bound(m, left - mind) < best[0]:
+                    elif bound(m, rest, left - mind) < best[0]:
                         expand(rest, m, left - mind)
                 chosen.pop()
                 for x in on[j]:
@@ -286,7 +293,7 @@ def _branch_and_bound(
     if budget > 0:
         nodes = 1  # the root (``net`` is not empty)
         left = sum(shortest[j] for j in net)
-        if bound(0.0, left) < best[0]:
+        if bound(0.0, lpt, left) < best[0]:
             expand(lpt, 0.0, left)
     return best[1]
 
