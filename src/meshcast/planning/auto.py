@@ -71,9 +71,10 @@ candidates for ties: our own variants in :data:`OWN_VARIANTS` order ``(0, k)``, 
 trials ``(1, c, k)``, the vectorised plans ``(2, j)``, the fixed combinations ``(3, s, b)``."""
 
 
-def _fixed(task: ReshardTask, topology: Topology, strategy: str, balance: str) -> Plan:
+def _fixed(task: ReshardTask, topology: Topology, strategy: str, balance: str,
+           memo: list) -> Plan:
     if balance == "order":
-        return order_plan(task, topology, strategy)
+        return order_plan(task, topology, strategy, memo=memo)
     return fixed_plan(task, topology, strategy, balance)
 
 
@@ -153,6 +154,7 @@ class _FixedStage:
         self.strategies = STRATEGIES if strategy is None else (strategy,)
         self._floors: dict[str, float] | None = None if use_floors else {}
         self.built = False
+        self.order_memo: list = []  # order_plan's: strategies with the same jobs plan once
 
     def floors(self) -> dict[str, float]:
         """The strategies' floors (computed once; none with ``use_floors=False``, for tasks too
@@ -180,7 +182,7 @@ class _FixedStage:
                 continue  # no fixed plan of s can be faster than the best so far
             for b in balances:
                 j = FIXED_BALANCES.index(b)
-                p = _fixed(self.task, self.topology, s, b)
+                p = _fixed(self.task, self.topology, s, b, self.order_memo)
                 if self.pool.beats(time_floor(p, self.topology)):
                     continue  # its quick floor shows it cannot be faster: not simulated
                 out.append(((3, k, j), s, b, p.ops, p.fallbacks))

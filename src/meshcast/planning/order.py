@@ -3,28 +3,26 @@
 Randomised greedy rounds of host-disjoint transfers, senders drawn favouring lightly loaded
 hosts, best of :data:`~meshcast.planning.budgets.ORDER_TRIALS` seeded trials (fewer when every
 job has one candidate sender host and a trial already reaches the busiest host's work: no later
-trial could be kept); for small
-instances a depth-first branch-and-bound search improves on the best trial. Cost model
-(:class:`_HostModel`): a transfer starts when its sender host and all its receiver hosts are
-free and occupies them for size / bandwidth. Pure: seeded, bounded by counts.
+trial could be kept); for small instances a depth-first branch-and-bound search improves on the
+best trial. Cost model (:class:`~meshcast.planning.host_model.HostModel`): a transfer starts
+when its sender host and all its receiver hosts are free and occupies them for size /
+bandwidth. Pure: seeded, bounded by counts.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-from typing import NamedTuple
 
 import numpy as np
 
-from ..core.boxes import Box, box_size
+from ..core.boxes import box_size
 from ..core.ops import AllGather, Broadcast, Copy, Op, Send
 from ..core.plan import Plan
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
-from ..core.units import GBIT
 from .budgets import ORDER_NODE_BUDGET, ORDER_TRIALS, SEARCH_MAX_JOBS, SEARCH_NODE_BUDGET, SEED
 from .fixed import allgather_groups
+from .host_model import HostModel, Job, branch_and_bound
 
 __all__ = ["order_plan"]
 
@@ -32,29 +30,13 @@ LOAD_NOISE = 0.5
 """The greedy rounds draw a sender host by its load times a random factor in [1, 1.5): enough
 randomness that the seeded trials differ, while light hosts stay favoured. Set once; not
 derived."""
-BOUND_SLACK = 1e-12
-"""The branch and bound's spread bound (a sum of many durations) is scaled down by this relative
-margin, so float rounding can never prune a better order."""
-IMPROVEMENT = 1e-9
-"""The search keeps an order only if it is faster than the best trial by this relative margin
-(a float tie is no improvement)."""
-
-
-class _Job(NamedTuple):
-    """A network transfer whose sender is still open: the holders it may come from."""
-
-    box: Box
-    nbytes: int
-    holders: tuple[int, ...]
-    receivers: tuple[int, ...]
-    gather: int  # index of the AllGather this part feeds, or -1
 
 
 def _skeleton(task: ReshardTask, topology: Topology, strategy: str):
     """Copies, network jobs (sender still open), all-gathers fed by jobs, fallbacks."""
     host_of = topology.hosts_by_rank
     copies: list[Op] = []
-    jobs: list[_Job] = []
+    jobs: list[Job] = []
     gathers: list[AllGather] = []
     fallbacks: list[tuple[int, str]] = []
     itemsize = task.itemsize
@@ -63,83 +45,30 @@ def _skeleton(task: ReshardTask, topology: Topology, strategy: str):
         if not sl.remote:
             continue
         if strategy == "broadcast":
-            jobs.append(_Job(sl.box, sl.nbytes, sl.holders, sl.remote, -1))
+            jobs.append(Job(sl.box, sl.nbytes, sl.holders, sl.remote, -1))
         elif strategy == "send_recv":
-            jobs.extend(_Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in sl.remote)
+            jobs.extend(Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in sl.remote)
         else:
             for group, parts in allgather_groups(sl.index, sl.box, sl.remote, host_of, fallbacks):
                 if parts is None:
-                    jobs.extend(_Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in group)
+                    jobs.extend(Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in group)
                     continue
                 g = len(gathers)
                 gathers.append(AllGather(tuple(group), sl.box, parts))
                 jobs.extend(
-                    _Job(p, box_size(p) * itemsize, sl.holders, (r,), g)
+                    Job(p, box_size(p) * itemsize, sl.holders, (r,), g)
                     for r, p in zip(group, parts)
                 )
     return copies, jobs, gathers, fallbacks
 
 
-def _job_op(job: _Job, sender: int) -> Op:
+def _job_op(job: Job, sender: int) -> Op:
     if len(job.receivers) == 1:
         return Send(sender, job.receivers[0], job.box)
     return Broadcast(sender, job.receivers, job.box)
 
 
-class _HostModel:
-    """The paper's cost model at host granularity (one NIC's bandwidth per host)."""
-
-    def __init__(self, topology: Topology, jobs: list[_Job]) -> None:
-        host_of = topology.hosts_by_rank
-        out_bw = [g * GBIT for g in topology.nic_out_gbps]
-        in_bw = [g * GBIT for g in topology.nic_in_gbps]
-        intra = topology.intra_gbps * GBIT
-        self.recv_hosts = [tuple(dict.fromkeys(host_of[r] for r in j.receivers)) for j in jobs]
-        self.cands = [tuple(dict.fromkeys(host_of[r] for r in j.holders)) for j in jobs]
-        self.dur: list[dict[int, float]] = []
-        self.local: list[int | None] = []  # the host that serves the job without its NIC
-        for j, rh, cands in zip(jobs, self.recv_hosts, self.cands):
-            d: dict[int, float] = {}
-            local = None
-            for h in cands:
-                others = [x for x in rh if x != h]
-                if not others:
-                    local = h
-                    d[h] = j.nbytes / intra
-                else:
-                    d[h] = j.nbytes / min(out_bw[h], *(in_bw[x] for x in others))
-            self.dur.append(d)
-            self.local.append(local)
-        # per job: its receiver and candidate hosts as bit masks; per sender host, its hosts
-        self.rmask = [sum(1 << x for x in rh) for rh in self.recv_hosts]
-        self.cmask = [sum(1 << x for x in cands) for cands in self.cands]
-        self.span = [{h: rh if h in rh else (h, *rh) for h in cands}
-                     for rh, cands in zip(self.recv_hosts, self.cands)]
-
-    def hosts(self, j: int, h: int) -> tuple[int, ...]:
-        rh = self.recv_hosts[j]
-        return rh if h in rh else (h, *rh)
-
-    def makespan(self, order: list[tuple[int, int]], num_hosts: int) -> float:
-        """List-schedule ``[(job, sender host), ...]`` in this order; return the makespan."""
-        free = [0.0] * num_hosts
-        end = 0.0
-        span, dur = self.span, self.dur
-        for j, h in order:
-            hs = span[j][h]
-            s = 0.0  # the latest free time of its hosts (all are at least 0)
-            for x in hs:
-                if free[x] > s:
-                    s = free[x]
-            e = s + dur[j][h]
-            for x in hs:
-                free[x] = e
-            if e > end:
-                end = e
-        return end
-
-
-def _mean_duration(model: _HostModel, net: list[int]) -> float:
+def _mean_duration(model: HostModel, net: list[int]) -> float:
     """The mean of the jobs' shortest durations (1.0 for none or zero): the load unit of the
     greedy rounds."""
     mean = (sum(min(model.dur[j].values()) for j in net) / len(net)) if net else 1.0
@@ -147,7 +76,7 @@ def _mean_duration(model: _HostModel, net: list[int]) -> float:
 
 
 def _greedy_rounds(
-    model: _HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int,
+    model: HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int,
     mean: float,
 ) -> tuple[list[tuple[int, int]], int]:
     """One randomised trial: rounds of host-disjoint transfers (``mean``:
@@ -206,7 +135,7 @@ def _greedy_rounds(
 
 
 def _least_loaded_pass(
-    model: _HostModel, jobs: list[int], load: list[float], order: list[tuple[int, int]]
+    model: HostModel, jobs: list[int], load: list[float], order: list[tuple[int, int]]
 ) -> None:
     """Append ``jobs`` to ``order``, each from its least loaded candidate host (``load`` kept up
     to date): the end of a trial out of budget."""
@@ -214,88 +143,6 @@ def _least_loaded_pass(
         h = min(model.cands[j], key=lambda x: (load[x], x))
         load[h] += model.dur[j][h]
         order.append((j, h))
-
-
-def _branch_and_bound(
-    model: _HostModel, net: list[int], num_hosts: int, incumbent: float, budget: int
-) -> list[tuple[int, int]] | None:
-    """Depth-first branch and bound over (next transfer, sender); None if nothing better.
-
-    A node's bound is the largest of: its makespan; over hosts, free time + the work every
-    remaining job must put on it (on its receiver hosts; on its sender host too when it has one
-    candidate); over the candidate sender hosts together, their mean free time + the remaining
-    jobs' shortest work spread over them (every job occupies one of them); with more jobs than
-    those hosts, their least free time + the ``ceil(jobs / hosts)`` shortest jobs (one of them
-    takes that many)."""
-    free = [0.0] * num_hosts
-    must = [0.0] * num_hosts  # work every remaining job puts on the hosts it must occupy
-    shortest = {j: min(model.dur[j].values()) for j in net}
-    on = {j: model.recv_hosts[j] if len(model.cands[j]) > 1
-          else tuple(dict.fromkeys((*model.recv_hosts[j], *model.cands[j]))) for j in net}
-    for j in net:
-        for x in on[j]:
-            must[x] += shortest[j]
-    senders = sorted({h for j in net for h in model.cands[j]})
-    spread = (1 - BOUND_SLACK) / len(senders)
-    best: list = [incumbent * (1 - IMPROVEMENT), None]
-    chosen: list[tuple[int, int]] = []
-    nodes = 0
-    lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
-    cands, dur, span = model.cands, model.dur, model.span
-
-    def bound(makespan: float, todo: list[int], left: float) -> float:
-        b = max(makespan, max(map(operator.add, free, must)),
-                (sum([free[x] for x in senders]) + left) * spread)
-        if len(todo) > len(senders):  # some sender takes at least k of them, after its free time
-            k = -(-len(todo) // len(senders))
-            least = sum(sorted([shortest[j] for j in todo])[:k])
-            b = max(b, (min([free[x] for x in senders]) + least) * (1 - BOUND_SLACK))
-        return b
-
-    def expand(todo: list[int], makespan: float, left: float) -> None:
-        """Visit the children of a node that was counted and not pruned (``todo`` not empty,
-        ``left`` its jobs' shortest work): each (next job, sender) in turn, a node while the
-        budget allows, pruned by the bound before it recurses."""
-        nonlocal nodes
-        for k, j in enumerate(todo):
-            mind = shortest[j]
-            rest = todo[:k] + todo[k + 1 :]
-            cj = cands[j]
-            for h in cj if len(cj) == 1 else sorted(cj, key=lambda x: (free[x], x)):
-                hs = span[j][h]
-                start = 0.0  # the latest free time of its hosts (all are at least 0)
-                for x in hs:
-                    if free[x] > start:
-                        start = free[x]
-                end = start + dur[j][h]
-                saved = [free[x] for x in hs]
-                for x in hs:
-                    free[x] = end
-                for x in on[j]:
-                    must[x] -= mind
-                chosen.append((j, h))
-                if nodes < budget:
-                    nodes += 1
-                    m = end if end > makespan else makespan
-                    if not rest:
-                        if m < best[0]:
-                            best[0], best[1] = m, list(chosen)
-                    elif bound(m, rest, left - mind) < best[0]:
-                        expand(rest, m, left - mind)
-                chosen.pop()
-                for x in on[j]:
-                    must[x] += mind
-                for x, v in zip(hs, saved):
-                    free[x] = v
-                if nodes >= budget:
-                    return
-
-    if budget > 0:
-        nodes = 1  # the root (``net`` is not empty)
-        left = sum(shortest[j] for j in net)
-        if bound(0.0, lpt, left) < best[0]:
-            expand(lpt, 0.0, left)
-    return best[1]
 
 
 def _least_loaded_holder_on_host(
@@ -316,28 +163,38 @@ def order_plan(
     trials: int = ORDER_TRIALS,
     node_budget: int = ORDER_NODE_BUDGET,
     search_budget: int = SEARCH_NODE_BUDGET,
+    memo: list[tuple[tuple, tuple[Op, ...]]] | None = None,
 ) -> Plan:
     """The paper's ``loadbalance_order``: senders and order chosen jointly (module doc).
 
     ``seed``, ``trials``, ``node_budget`` and ``search_budget`` default to
     :data:`~meshcast.planning.budgets.SEED`, :data:`~meshcast.planning.budgets.ORDER_TRIALS`,
     :data:`~meshcast.planning.budgets.ORDER_NODE_BUDGET` and
-    :data:`~meshcast.planning.budgets.SEARCH_NODE_BUDGET`."""
+    :data:`~meshcast.planning.budgets.SEARCH_NODE_BUDGET`. ``memo`` (a list kept by the caller
+    for one task and topology, with the same budgets): the operations are those of an earlier
+    strategy whose copies, network jobs and all-gathers were the same (e.g. ``send_recv`` and
+    ``broadcast`` where every slice has one receiver to reach), without planning again."""
     copies, jobs, gathers, fallbacks = _skeleton(task, topology, strategy)
+    key = (copies, jobs, gathers)
+    for seen, ops in memo or ():
+        if seen == key:
+            return Plan(task, ops, strategy, "order", topology, tuple(fallbacks))
     n_hosts = topology.num_hosts
-    model = _HostModel(topology, jobs)
+    model = HostModel(topology, jobs)
     net = [j for j in range(len(jobs)) if model.local[j] is None]
     best, makespan = _best_of_trials(model, net, n_hosts, seed, trials, node_budget)
     if 0 < len(net) <= SEARCH_MAX_JOBS:
-        found = _branch_and_bound(model, net, n_hosts, makespan, search_budget)
+        found = branch_and_bound(model, net, n_hosts, makespan, search_budget)
         if found is not None:
             best = found
-    ops = _ops_in_order(model, jobs, gathers, best, copies, topology)
-    return Plan(task, tuple(ops), strategy, "order", topology, tuple(fallbacks))
+    ops = tuple(_ops_in_order(model, jobs, gathers, best, copies, topology))
+    if memo is not None:
+        memo.append((key, ops))
+    return Plan(task, ops, strategy, "order", topology, tuple(fallbacks))
 
 
 def _best_of_trials(
-    model: _HostModel, net: list[int], n_hosts: int, seed: int, trials: int, node_budget: int
+    model: HostModel, net: list[int], n_hosts: int, seed: int, trials: int, node_budget: int
 ) -> tuple[list[tuple[int, int]], float]:
     """The best of the seeded greedy-round trials (by makespan, then host-load spread) within
     ``node_budget`` job examinations over all trials, and its makespan."""
@@ -362,7 +219,7 @@ def _best_of_trials(
     return best, best_key[0]
 
 
-def _fixed_host_work(model: _HostModel, net: list[int], n_hosts: int) -> float:
+def _fixed_host_work(model: HostModel, net: list[int], n_hosts: int) -> float:
     """When every job has one candidate sender host, every trial gives the hosts the same work
     (so the same load spread) and none has a makespan below the busiest host's work: that work.
     Else minus infinity (the trials differ in their senders: no trial ends the search)."""
@@ -371,14 +228,14 @@ def _fixed_host_work(model: _HostModel, net: list[int], n_hosts: int) -> float:
     work = [0.0] * n_hosts
     for j in net:
         h = model.cands[j][0]
-        for x in model.hosts(j, h):
+        for x in model.span[j][h]:
             work[x] += model.dur[j][h]
     return max(work, default=0.0)
 
 
 def _ops_in_order(
-    model: _HostModel,
-    jobs: list[_Job],
+    model: HostModel,
+    jobs: list[Job],
     gathers: list[AllGather],
     best: list[tuple[int, int]],
     copies: list[Op],
@@ -390,7 +247,7 @@ def _ops_in_order(
     free = [0.0] * n_hosts
     timed: list[tuple[float, int, int, int]] = []
     for pos, (j, h) in enumerate(best):
-        hs = model.hosts(j, h)
+        hs = model.span[j][h]
         s = max(free[x] for x in hs)
         for x in hs:
             free[x] = s + model.dur[j][h]
