@@ -41,7 +41,7 @@ from ..core.units import GBIT
 from .events import run_events
 from .report import SimReport
 
-__all__ = ["SimReport", "simulate", "simulate_many", "time_floor"]
+__all__ = ["SimReport", "simulate", "simulate_many", "simulated_time", "time_floor"]
 
 
 class _Nics:
@@ -208,6 +208,15 @@ def simulate(plan: Plan, topology: Topology | None = None) -> SimReport:
     nics = _nics(topology)
     return _report(_model_of([plan], topology, nics), [op.kind for op in plan.ops], topology,
                    nics)
+
+
+def simulated_time(plan: Plan, topology: Topology | None = None) -> float:
+    """``simulate(plan, topology).time_s`` (the same float), without building the rest of the
+    report: for planners that compare many candidate plans."""
+    topology = _check_types([plan], topology)
+    nics = _nics(topology)
+    _, _, end = run_events(*_model_of([plan], topology, nics), nics.caps)
+    return max(end, default=0.0)
 
 
 def simulate_many(plans: Sequence[Plan], topology: Topology | None = None) -> SimReport:

@@ -26,7 +26,7 @@ from ..core.plan import Plan
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound, lower_bound_details
-from ..estimate.simulate import simulate, time_floor
+from ..estimate.simulate import simulate, simulated_time, time_floor
 from .budgets import (
     AUTO_GOOD_ENOUGH,
     AUTO_SEARCH_BUDGET,
@@ -209,7 +209,7 @@ class _Pool:
             t = next((t for other, t in same if other == ops), time_s)
             if t is None:
                 plan = Plan(self.task, ops, c[1], "auto", self.topology, c[4])
-                t = simulate(plan, self.topology).time_s
+                t = simulated_time(plan, self.topology)
             same.append((ops, t))
             self.candidates.append(c)
             self.times.append(t)
