@@ -26,7 +26,7 @@ from ..core.plan import Plan
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound, lower_bound_details
-from ..estimate.simulate import simulate, simulated_time, time_floor
+from ..estimate.simulate import OrderSimulator, simulated_time, time_floor
 from .budgets import (
     AUTO_GOOD_ENOUGH,
     AUTO_SEARCH_BUDGET,
@@ -373,19 +373,21 @@ def local_search(
     operations in all. Returns the best order and its simulated time.
     """
     n = len(ops)
-    cur = list(ops)
-    rep = simulate(Plan(task, ops, label, "auto", topology), topology)
+    sim = OrderSimulator(Plan(task, ops, label, "auto", topology), topology)
+    cur = list(range(n))  # the order, as indices of ops
+    end = sim.end_s(cur)
+    t = max(end, default=0.0)
     if n < 2:
-        return ops, rep.time_s
+        return ops, t
     rng = np.random.default_rng([SEED, 7])
     for _ in range(min(AUTO_SEARCH_STEPS, AUTO_SEARCH_BUDGET // n)):
-        late = np.argsort(rep.end_s, kind="stable")
+        late = np.argsort(end, kind="stable")
         j = int(late[n - 1 - min(int(rng.exponential(n / 8)), n - 1)])
         if j == 0:
             continue
         i = int(rng.integers(0, j))
         cand = [*cur[:i], cur[j], *cur[i:j], *cur[j + 1 :]]
-        new = simulate(Plan(task, tuple(cand), label, "auto", topology), topology)
-        if new.time_s < rep.time_s:
-            cur, rep = cand, new
-    return tuple(cur), rep.time_s
+        new = sim.end_s(cand)
+        if max(new) < t:
+            cur, end, t = cand, new, max(new)
+    return tuple(ops[k] for k in cur), t
