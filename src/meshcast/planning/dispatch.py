@@ -143,38 +143,41 @@ def dispatch(
         crit = busiest_resource_work(items, lat)
     if rng is not None:
         crit = [c * (1.0 + u) for c, u in zip(crit, rng.random(len(crit)).tolist())]
-    free_rank = [0.0] * (max((r for it in items for r in it.ranks), default=-1) + 1)
-    free_nic = [0.0] * (max((k for it in items for k in it.nics), default=-1) + 1)
+    ranks = [it.ranks for it in items]
+    nics = [it.nics for it in items]
+    free_rank = [0.0] * (max((r for rs in ranks for r in rs), default=-1) + 1)
+    free_nic = [0.0] * (max((k for ks in nics for k in ks), default=-1) + 1)
     tol = 0.0 if queue_on_nic else 1e-15  # float slack of the earliest-start comparison
     heap = [(0.0, 0.0, -crit[i], items[i].order, i) for i in range(len(items))]
     heapq.heapify(heap)
+    pop, push = heapq.heappop, heapq.heappush
     out: list[Op] = []
     while heap:
-        s0, w0, c, o, i = heapq.heappop(heap)
-        it = items[i]
-        s = 0.0  # the key of ``it`` now: when its ranks are free, and its NIC wait
-        for r in it.ranks:
+        s0, w0, c, o, i = pop(heap)
+        s = 0.0  # the key of item i now: when its ranks are free, and its NIC wait
+        for r in ranks[i]:
             if free_rank[r] > s:
                 s = free_rank[r]
         w = 0.0
-        for k in it.nics:
-            if queue_on_nic:
+        if queue_on_nic:
+            for k in nics[i]:
                 v = free_nic[k] - s - lat
                 if v > w:
                     w = v
-            else:  # bytes move from s + lat on
+        else:  # bytes move from s + lat on
+            for k in nics[i]:
                 v = free_nic[k] - lat
                 if v > s:
                     s = v
         if s > s0 + tol or w > w0:
-            heapq.heappush(heap, (s, w, c, o, i))
+            push(heap, (s, w, c, o, i))
             continue
-        e = s + w + it.dur
-        for r in it.ranks:
+        e = s + w + items[i].dur
+        for r in ranks[i]:
             free_rank[r] = e
-        for k in it.nics:
+        for k in nics[i]:
             free_nic[k] = e
-        out.append(it.op)
+        out.append(items[i].op)
     return out
 
 
