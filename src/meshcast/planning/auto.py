@@ -38,6 +38,7 @@ from .budgets import (
     CERTIFY_TOL,
     FLOOR_TOL,
     SEED,
+    seeded_rng,
 )
 from .classes import SliceClasses
 from .dispatch import busiest_resource_work, dispatch, order_items
@@ -313,7 +314,7 @@ class _OwnMethod:
             self.crit[c] = busiest_resource_work(items, self.lat)
         out: list[Candidate] = []
         for k in range(first, min(first + TRIALS_PER_STAGE, trials)):
-            rng = np.random.default_rng([SEED, c, k])
+            rng = seeded_rng(SEED, c, k)
             ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng, crit=self.crit[c])
             out.append(((1, c, k), label, "own", self.classes.expand(ops), ()))
         return out
@@ -379,7 +380,7 @@ def local_search(
     t = max(end, default=0.0)
     if n < 2:
         return ops, t
-    rng = np.random.default_rng([SEED, 7])
+    rng = seeded_rng(SEED, 7)
     for _ in range(min(AUTO_SEARCH_STEPS, AUTO_SEARCH_BUDGET // n)):
         late = np.argsort(end, kind="stable")
         j = int(late[n - 1 - min(int(rng.exponential(n / 8)), n - 1)])

@@ -20,7 +20,14 @@ from ..core.ops import AllGather, Broadcast, Copy, Op, Send
 from ..core.plan import Plan
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
-from .budgets import ORDER_NODE_BUDGET, ORDER_TRIALS, SEARCH_MAX_JOBS, SEARCH_NODE_BUDGET, SEED
+from .budgets import (
+    ORDER_NODE_BUDGET,
+    ORDER_TRIALS,
+    SEARCH_MAX_JOBS,
+    SEARCH_NODE_BUDGET,
+    SEED,
+    seeded_rng,
+)
 from .fixed import allgather_groups
 from .host_model import HostModel, Job, branch_and_bound
 
@@ -206,7 +213,7 @@ def _best_of_trials(
     for trial in range(max(1, trials)):
         if trial and (spent >= node_budget or best_key[0] <= floor):
             break  # out of budget, or no later trial can have a smaller key
-        rng = np.random.default_rng([seed, trial])
+        rng = seeded_rng(seed, trial)
         order, nodes = _greedy_rounds(model, net, n_hosts, rng, max(1, node_budget - spent), mean)
         spent += nodes
         load = [0.0] * n_hosts
