@@ -86,10 +86,9 @@ def _greedy_rounds(
     model: HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int,
     mean: float,
 ) -> tuple[list[tuple[int, int]], int]:
-    """One randomised trial: rounds of host-disjoint transfers (``mean``:
-    :func:`_mean_duration`). Returns (order, nodes spent). Busy hosts are a bit mask; the noise
-    is drawn in one block (the same numbers as one draw per free sender: a generator's doubles
-    come one after another whatever the block size)."""
+    """One randomised trial: rounds of host-disjoint transfers (``mean``: :func:`_mean_duration`).
+    Returns (order, nodes spent). Busy hosts are a bit mask; the noise is drawn in one block
+    (the same numbers as one draw per free sender: doubles come one after another)."""
     remaining = [net[i] for i in rng.permutation(len(net))]
     # a job draws once per free candidate when it is placed: at most this many draws in all
     buf = rng.random(sum(len(model.cands[j]) for j in net)).tolist()
@@ -97,8 +96,7 @@ def _greedy_rounds(
     load = [0.0] * num_hosts
     order: list[tuple[int, int]] = []
     nodes = 0
-    rmask, cands, dur = model.rmask, model.cands, model.dur
-    cmask = model.cmask
+    rmask, cands, dur, cmask = model.rmask, model.cands, model.dur, model.cmask
     while remaining:
         # the hosts a waiting job must reach, and those one may come from: once all of either
         # are busy, the round is full
@@ -109,36 +107,48 @@ def _greedy_rounds(
         rest: list[int] = []
         for at, j in enumerate(remaining):
             nodes += 1
-            full = busy & receiving == receiving or busy & sending == sending
-            if full or nodes > budget:
+            if nodes > budget:  # out of budget: the rest in one pass, least-loaded sender
                 rest.extend(remaining[at:])
-                if full:  # each waiting job is a node, as if visited
-                    nodes += len(remaining) - at - 1
-                if nodes > budget:  # out of budget: the rest in one pass, least-loaded sender
-                    _least_loaded_pass(model, rest, load, order)
-                    return order, budget + 1
-                break
+                _least_loaded_pass(model, rest, load, order)
+                return order, nodes
             if busy & rmask[j]:
                 rest.append(j)
                 continue
-            free = [h for h in cands[j] if not busy >> h & 1]
-            if not free:
-                rest.append(j)
-                continue
-            k = len(free)
-            if k == 1:
-                h = free[0]
+            cj = cands[j]
+            if len(cj) == 1:
+                if busy & cmask[j]:
+                    rest.append(j)
+                    continue
+                h = cj[0]
+                pos += 1
             else:
-                # favour light load: load scaled by a random factor in [1, 1 + LOAD_NOISE)
-                scaled = [load[x] / mean * (1 + LOAD_NOISE * v)
-                          for x, v in zip(free, buf[pos : pos + k])]
-                h = free[min(range(k), key=scaled.__getitem__)]
-            pos += k
+                free = [h for h in cj if not busy >> h & 1]
+                if not free:
+                    rest.append(j)
+                    continue
+                k = len(free)
+                h = free[0] if k == 1 else _lightest(free, load, mean, buf[pos : pos + k])
+                pos += k
             busy |= rmask[j] | (1 << h)
             load[h] += dur[j][h]
             order.append((j, h))
+            if busy & receiving == receiving or busy & sending == sending:
+                # the round is full: every later job waits, each a node as if visited
+                rest.extend(remaining[at + 1 :])
+                nodes += len(remaining) - at - 1
+                if nodes > budget:  # as if out of budget at the first job past it
+                    _least_loaded_pass(model, rest, load, order)
+                    return order, budget + 1
+                break
         remaining = rest
     return order, nodes
+
+
+def _lightest(free: list[int], load: list[float], mean: float, draws: list[float]) -> int:
+    """The host of ``free`` whose load (in units of ``mean``) scaled by a random factor in
+    [1, 1 + LOAD_NOISE) is least (``draws``: one uniform draw per host): light load favoured."""
+    scaled = [load[x] / mean * (1 + LOAD_NOISE * v) for x, v in zip(free, draws)]
+    return free[min(range(len(free)), key=scaled.__getitem__)]
 
 
 def _least_loaded_pass(
