@@ -137,23 +137,22 @@ def dispatch(
     Ties go to the item whose busiest resource (rank or NIC direction) has the most work in
     total (``crit``: :func:`busiest_resource_work` of the items, computed when not given); with
     ``rng`` that work is scaled by a random factor in [1, 2) (seeded trials). A lazy heap keeps
-    this O(n log n): an item's key only grows.
-    """
-    if crit is None:
-        crit = busiest_resource_work(items, lat)
+    this O(n log n): an item's key only grows."""
+    crit = busiest_resource_work(items, lat) if crit is None else crit
     if rng is not None:
         crit = [c * (1.0 + u) for c, u in zip(crit, rng.random(len(crit)).tolist())]
-    ranks = [it.ranks for it in items]
-    nics = [it.nics for it in items]
+    ranks, nics = [it.ranks for it in items], [it.nics for it in items]
     free_rank = [0.0] * (max((r for rs in ranks for r in rs), default=-1) + 1)
     free_nic = [0.0] * (max((k for ks in nics for k in ks), default=-1) + 1)
     tol = 0.0 if queue_on_nic else 1e-15  # float slack of the earliest-start comparison
-    heap = [(0.0, 0.0, -crit[i], items[i].order, i) for i in range(len(items))]
-    heapq.heapify(heap)
+    # heap entries (start, wait, rank in the tie order): all keys 0 at first, ranks in turn
+    prio = sorted(range(len(items)), key=lambda i: (-crit[i], items[i].order, i))
+    heap = [(0.0, 0.0, p) for p in range(len(prio))]
     pop, push = heapq.heappop, heapq.heappush
     out: list[Op] = []
     while heap:
-        s0, w0, c, o, i = pop(heap)
+        s0, w0, p = pop(heap)
+        i = prio[p]
         s = 0.0  # the key of item i now: when its ranks are free, and its NIC wait
         for r in ranks[i]:
             if free_rank[r] > s:
@@ -170,7 +169,7 @@ def dispatch(
                 if v > s:
                     s = v
         if s > s0 + tol or w > w0:
-            push(heap, (s, w, c, o, i))
+            push(heap, (s, w, p))
             continue
         e = s + w + items[i].dur
         for r in ranks[i]:
