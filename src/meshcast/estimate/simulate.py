@@ -38,7 +38,7 @@ from ..core.layout import box_size
 from ..core.plan import AllGather, Broadcast, Copy, Plan, Send
 from ..core.topology import Topology
 from ..core.units import GBIT
-from .events import run_events
+from .events import run_events, run_makespan
 from .report import SimReport
 
 __all__ = [
@@ -212,13 +212,14 @@ def simulate(plan: Plan, topology: Topology | None = None) -> SimReport:
                    nics)
 
 
-def simulated_time(plan: Plan, topology: Topology | None = None) -> float:
+def simulated_time(plan: Plan, topology: Topology | None = None, *,
+                   until: float = math.inf) -> float:
     """``simulate(plan, topology).time_s`` (the same float), without building the rest of the
-    report: for planners that compare many candidate plans."""
+    report: for planners that compare many candidate plans. Where that time is above ``until``
+    the simulation stops once it knows, and returns a smaller time, still above ``until``."""
     topology = _check_types([plan], topology)
     nics = _nics(topology)
-    _, _, end = run_events(*_model_of([plan], topology, nics), nics.caps)
-    return max(end, default=0.0)
+    return run_makespan(*_model_of([plan], topology, nics), nics.caps, until)
 
 
 class OrderSimulator:

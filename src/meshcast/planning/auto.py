@@ -110,7 +110,7 @@ def auto_plan(
         free = [i for i, c in enumerate(pool.candidates)
                 if not any(isinstance(op, AllGather) for op in c[3])]
         if free:
-            _, label, _, ops, fallbacks = pool.candidates[min(free, key=pool.rank)]
+            _, label, _, ops, fallbacks = pool.candidates[pool.fastest(free)]
             ops, t = local_search(task, topology, ops, label)
             if t < pool.times[best]:
                 return Plan(task, ops, label, "auto", topology, fallbacks)
@@ -170,13 +170,16 @@ class _FixedStage:
 
 class _Pool:
     """The candidates simulated so far and their times (each distinct op list simulated once);
-    the best is the fastest, ties to the earliest position."""
+    the best is the fastest, ties to the earliest position. A candidate's simulation stops once
+    it is slower than the best so far: its time is then only a lower bound above that best
+    (``bounded``; :meth:`fastest` makes such times exact where they could decide)."""
 
     def __init__(self, task: ReshardTask, topology: Topology) -> None:
         self.task, self.topology = task, topology
         self.candidates: list[Candidate] = []
         self.times: list[float] = []
-        self._seen: dict[tuple, list[tuple[tuple[Op, ...], float]]] = {}
+        self.bounded: set[int] = set()
+        self._seen: dict[tuple, list[tuple[tuple[Op, ...], float, bool]]] = {}
 
     def add(self, candidates: list[Candidate], time_s: float | None = None) -> None:
         """Simulate and keep ``candidates`` (``time_s``: the known simulated time of the one
@@ -184,13 +187,26 @@ class _Pool:
         for c in candidates:
             ops = c[3]
             same = self._seen.setdefault(_fingerprint(ops), [])
-            t = next((t for other, t in same if other == ops), time_s)
+            t, bounded = next(((t, b) for other, t, b in same if other == ops), (time_s, False))
             if t is None:
-                plan = Plan(self.task, ops, c[1], "auto", self.topology, c[4])
-                t = simulated_time(plan, self.topology)
-            same.append((ops, t))
+                best = self.best_time()
+                t = simulated_time(self.plan(-1, c), self.topology, until=best)
+                bounded = t > best
+            same.append((ops, t, bounded))
+            if bounded:
+                self.bounded.add(len(self.candidates))
             self.candidates.append(c)
             self.times.append(t)
+
+    def fastest(self, among: list[int]) -> int:
+        """The fastest of candidates ``among`` (the earliest position of equals), their times
+        made exact where they were lower bounds and could decide it."""
+        while True:
+            i = min(among, key=self.rank)
+            if i not in self.bounded:
+                return i
+            self.times[i] = simulated_time(self.plan(i), self.topology)
+            self.bounded.discard(i)
 
     def rank(self, i: int) -> tuple[float, tuple]:
         """Sort key of candidate ``i``: its time, then its position."""
@@ -210,9 +226,9 @@ class _Pool:
         floor can be faster by more than that."""
         return bool(self.times) and self.best_time() <= floor * (1 + FLOOR_TOL)
 
-    def plan(self, i: int) -> Plan:
-        """Candidate ``i`` as an ``"auto"`` plan."""
-        _, label, _, ops, fallbacks = self.candidates[i]
+    def plan(self, i: int, candidate: Candidate | None = None) -> Plan:
+        """Candidate ``i`` (or ``candidate``, not kept yet) as an ``"auto"`` plan."""
+        _, label, _, ops, fallbacks = candidate or self.candidates[i]
         return Plan(self.task, ops, label, "auto", self.topology, fallbacks)
 
 
