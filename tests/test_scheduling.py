@@ -266,8 +266,8 @@ def _exchange_items():
     task, topo = _p3_task((64, 64), "float32", mc.Mesh.from_range(0, (2, 1)), "S0R",
                           mc.Mesh.from_range(2, (2, 1)), "RS0")
     slices = list(iter_slices(task))
-    items, _ = own_items(task, topo, slices, mc.lower_bound_details(task, topo),
-                         stripe=False, chunk=False, p2p=True)
+    items = own_items(task, topo, slices, mc.lower_bound_details(task, topo),
+                      stripe=False, chunk=False, p2p=True).items
     return task, topo, items
 
 

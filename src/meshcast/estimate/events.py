@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Sequence
 from heapq import heapify, heappop, heappush
 
-__all__ = ["run_events"]
+__all__ = ["run_events", "run_makespan"]
 
 _TINY = 1e-300
 """The rate of a transfer left no capacity (it all but stops until a later event refills it)."""
@@ -41,6 +41,21 @@ def run_events(
     loop = _Loop(ranks, nbytes, res, cap, lat, caps)
     loop.run()
     return loop.start, loop.begin, loop.end
+
+
+def run_makespan(
+    ranks: Sequence[tuple[int, ...]],
+    nbytes: Sequence[int],
+    res: Sequence[tuple[int, ...]],
+    cap: Sequence[float],
+    lat: Sequence[float],
+    caps: Sequence[float],
+    until: float = math.inf,
+) -> float:
+    """The latest end time of :func:`run_events` (the same float; 0.0 for no operations); or,
+    as soon as an operation is known to end after ``until``, a time above ``until`` at which the
+    loop stops (a lower bound on the latest end)."""
+    return _Loop(ranks, nbytes, res, cap, lat, caps).run(until)
 
 
 def _bottleneck(cnt: dict[int, int], resid: dict[int, float]) -> tuple[float, int]:
@@ -112,8 +127,9 @@ class _Loop:
         self.fill = self._fill_sends if sends and max(caps, default=0.0) < math.inf else \
             self._refill
 
-    def run(self) -> None:
-        """Run every operation: pop events in (time, sequence) order."""
+    def run(self, until: float = math.inf) -> float:
+        """Run every operation: pop events in (time, sequence) order; the latest end time (or
+        the time of the first event after ``until``, where the loop stops)."""
         npred, succs, heap, cur, nbytes, res = (
             self.npred, self.succs, self.heap, self.cur, self.nbytes, self.res)
         begin, end, remaining, stamp, rate, flows = (
@@ -135,9 +151,11 @@ class _Loop:
             if not heap:
                 break
             t, seq, i = heappop(heap)
+            if i >= 0 and cur[i] != seq:
+                continue  # stale: its rate changed since
+            if t > until:
+                return t  # operation i ends at t, or its transfer begins then
             if i >= 0:
-                if cur[i] != seq:
-                    continue  # stale: its rate changed since
                 end[i] = t
                 if res[i] and nbytes[i]:
                     touched: dict[int, None] = {}
@@ -168,6 +186,7 @@ class _Loop:
                 fl[i] = None
                 touched.update(fl)
             fill(touched, res[i], t)
+        return max(end, default=0.0)
 
     def _launch(self, i: int, t: float) -> None:
         self.start[i] = t

@@ -17,63 +17,42 @@ bounded by counts. See ``docs/scheduling.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
 from ..core.ops import AllGather, Op
 from ..core.plan import Plan
-from ..core.task import ReshardTask, iter_slices
+from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound, lower_bound_details
-from ..estimate.simulate import simulate, time_floor
+from ..estimate.simulate import OrderSimulator, simulated_time, time_floor
 from .budgets import (
     AUTO_GOOD_ENOUGH,
     AUTO_SEARCH_BUDGET,
     AUTO_SEARCH_GAP,
     AUTO_SEARCH_STEPS,
     AUTO_SIM_LIMIT,
-    AUTO_TRIAL_BUDGET,
-    AUTO_TRIALS,
     CERTIFY_TOL,
     FLOOR_TOL,
     SEED,
+    seeded_rng,
 )
-from .classes import SliceClasses
-from .dispatch import dispatch, order_items
 from .fixed import STRATEGIES, fixed_plan
 from .floors import first_holder_floor, strategy_floors
-from .items import Item, own_items
 from .large import large_plan
 from .order import order_plan
+from .own import OWN_VARIANTS, Candidate, OwnMethod
 
 __all__ = ["FIXED_BALANCES", "OWN_VARIANTS", "auto_plan", "local_search", "one_remote_receiver"]
 
 FIXED_BALANCES = ("none", "size", "order")
 """The balances of the fixed combinations ``"auto"`` compares itself with."""
 
-OWN_VARIANTS: tuple[tuple[bool, bool, str], ...] = tuple(
-    (stripe, chunk, order)
-    for order in ("rank_rounds", "busiest_nic_first", "longest_first", "earliest_start",
-                  "nondelay", "rank_nic_rounds")
-    for stripe, chunk in ((True, False), (True, True), (False, False))
-)
-"""(stripe, chunk, order) of the plans of our own method that ``"auto"`` tries, in this order
-(the order of the candidates decides ties)."""
 
-TRIALS_PER_STAGE = 4
-"""``"auto"`` checks after every this many seeded trials whether it can stop (the trials of one
-item variant come in stages of this size). Set once; not derived."""
-
-Candidate = tuple[tuple, str, str, tuple[Op, ...], tuple]
-"""(position, strategy label, where it comes from, operations, fallbacks). Positions order the
-candidates for ties: our own variants in :data:`OWN_VARIANTS` order ``(0, k)``, then the seeded
-trials ``(1, c, k)``, the vectorised plans ``(2, j)``, the fixed combinations ``(3, s, b)``."""
-
-
-def _fixed(task: ReshardTask, topology: Topology, strategy: str, balance: str) -> Plan:
+def _fixed(task: ReshardTask, topology: Topology, strategy: str, balance: str,
+           memo: list) -> Plan:
     if balance == "order":
-        return order_plan(task, topology, strategy)
+        return order_plan(task, topology, strategy, memo=memo)
     return fixed_plan(task, topology, strategy, balance)
 
 
@@ -101,19 +80,25 @@ def auto_plan(
     pool = _Pool(task, topology)
     fixed = _FixedStage(task, topology, lbd, strategy, pool)
     if strategy in (None, "broadcast"):
-        own = _OwnMethod(task, topology, lbd, strategy, sim_limit)
+        own = OwnMethod(task, topology, lbd, strategy, sim_limit)
         good = lbd.unmargined_s * (1 + AUTO_GOOD_ENOUGH)
-        stages = [own.variants, *own.trial_stages()]
+        # (stage, whether "close enough" may end the work after it): the own variants one at a
+        # time, so that one at the lower bound ends the work, but close enough only after all
+        variants = own.variant_stages()
+        stages = [(v, k == len(variants) - 1) for k, v in enumerate(variants)]
+        stages += [(t, True) for t in own.trial_stages()]
         pool.add(_large_candidates(task, topology))
+        checkpoint = True
         while True:
             if pool.best_time() <= lbd.unmargined_s * (1 + CERTIFY_TOL):
                 return pool.plan(pool.best())  # at the lower bound: no plan is faster
-            if pool.best_time() <= good:
+            if checkpoint and pool.best_time() <= good:
                 if fixed.settled():
                     return pool.plan(pool.best())
                 pool.add(fixed())  # all that is left to settle
             elif stages:
-                pool.add(stages.pop(0)())
+                stage, checkpoint = stages.pop(0)
+                pool.add(stage())
             else:
                 break
     if not fixed.built:
@@ -125,7 +110,7 @@ def auto_plan(
         free = [i for i, c in enumerate(pool.candidates)
                 if not any(isinstance(op, AllGather) for op in c[3])]
         if free:
-            _, label, _, ops, fallbacks = pool.candidates[min(free, key=pool.rank)]
+            _, label, _, ops, fallbacks = pool.candidates[pool.fastest(free)]
             ops, t = local_search(task, topology, ops, label)
             if t < pool.times[best]:
                 return Plan(task, ops, label, "auto", topology, fallbacks)
@@ -165,6 +150,7 @@ class _FixedStage:
 
     def __call__(self) -> list[Candidate]:
         out: list[Candidate] = []
+        memo: list = []  # order_plan's: strategies with the same network jobs plan once
         strategies = self.strategies
         if len(strategies) > 1 and one_remote_receiver(self.task):
             strategies = strategies[:1]
@@ -178,7 +164,7 @@ class _FixedStage:
                 j = FIXED_BALANCES.index(b)
                 if self._ruled_out_unbuilt(s, b, len(strategies) < len(self.strategies)):
                     continue
-                p = _fixed(self.task, self.topology, s, b)
+                p = _fixed(self.task, self.topology, s, b, memo)
                 if self.pool.beats(time_floor(p, self.topology)):
                     continue  # its quick floor shows it cannot be faster: not simulated
                 out.append(((3, k, j), s, b, p.ops, p.fallbacks))
@@ -199,13 +185,16 @@ class _FixedStage:
 
 class _Pool:
     """The candidates simulated so far and their times (each distinct op list simulated once);
-    the best is the fastest, ties to the earliest position."""
+    the best is the fastest, ties to the earliest position. A candidate's simulation stops once
+    it is slower than the best so far: its time is then only a lower bound above that best
+    (``bounded``; :meth:`fastest` makes such times exact where they could decide)."""
 
     def __init__(self, task: ReshardTask, topology: Topology) -> None:
         self.task, self.topology = task, topology
         self.candidates: list[Candidate] = []
         self.times: list[float] = []
-        self._seen: dict[tuple, list[tuple[tuple[Op, ...], float]]] = {}
+        self.bounded: set[int] = set()
+        self._seen: dict[tuple, list[tuple[tuple[Op, ...], float, bool]]] = {}
 
     def add(self, candidates: list[Candidate], time_s: float | None = None) -> None:
         """Simulate and keep ``candidates`` (``time_s``: the known simulated time of the one
@@ -213,13 +202,26 @@ class _Pool:
         for c in candidates:
             ops = c[3]
             same = self._seen.setdefault(_fingerprint(ops), [])
-            t = next((t for other, t in same if other == ops), time_s)
+            t, bounded = next(((t, b) for other, t, b in same if other == ops), (time_s, False))
             if t is None:
-                plan = Plan(self.task, ops, c[1], "auto", self.topology, c[4])
-                t = simulate(plan, self.topology).time_s
-            same.append((ops, t))
+                best = self.best_time()
+                t = simulated_time(self.plan(-1, c), self.topology, until=best)
+                bounded = t > best
+            same.append((ops, t, bounded))
+            if bounded:
+                self.bounded.add(len(self.candidates))
             self.candidates.append(c)
             self.times.append(t)
+
+    def fastest(self, among: list[int]) -> int:
+        """The fastest of candidates ``among`` (the earliest position of equals), their times
+        made exact where they were lower bounds and could decide it."""
+        while True:
+            i = min(among, key=self.rank)
+            if i not in self.bounded:
+                return i
+            self.times[i] = simulated_time(self.plan(i), self.topology)
+            self.bounded.discard(i)
 
     def rank(self, i: int) -> tuple[float, tuple]:
         """Sort key of candidate ``i``: its time, then its position."""
@@ -239,9 +241,9 @@ class _Pool:
         floor can be faster by more than that."""
         return bool(self.times) and self.best_time() <= floor * (1 + FLOOR_TOL)
 
-    def plan(self, i: int) -> Plan:
-        """Candidate ``i`` as an ``"auto"`` plan."""
-        _, label, _, ops, fallbacks = self.candidates[i]
+    def plan(self, i: int, candidate: Candidate | None = None) -> Plan:
+        """Candidate ``i`` (or ``candidate``, not kept yet) as an ``"auto"`` plan."""
+        _, label, _, ops, fallbacks = candidate or self.candidates[i]
         return Plan(self.task, ops, label, "auto", self.topology, fallbacks)
 
 
@@ -251,62 +253,6 @@ def _large_candidates(task: ReshardTask, topology: Topology) -> list[Candidate]:
     rounds_plan, _, phased_plan = large_plan(task, topology)
     return [((2, j), "broadcast", "own", p.ops, ())
             for j, p in enumerate((rounds_plan, phased_plan)) if p is not None]
-
-
-class _OwnMethod:
-    """The plans of our own method (:mod:`.items`, :mod:`.dispatch`) in stages:
-    :meth:`variants`, then the seeded trials of :meth:`trial_stages`."""
-
-    def __init__(self, task: ReshardTask, topology: Topology, lbd: LowerBound,
-                 strategy: str | None, sim_limit: int) -> None:
-        self.task, self.topology, self.lbd, self.strategy = task, topology, lbd, strategy
-        slices = list(iter_slices(task))
-        self.within = sum(len(s.remote) for s in slices) <= sim_limit
-        self.classes = SliceClasses(slices)
-        self.lat = topology.latency_us * 1e-6
-        self.built: dict[tuple[bool, bool], tuple[list[Item], str]] = {}
-
-    def variants(self) -> list[Candidate]:
-        """Every variant of :data:`OWN_VARIANTS` (only the first above ``sim_limit``
-        transfers)."""
-        out: list[Candidate] = []
-        for k, (stripe, chunk, order) in enumerate(
-            OWN_VARIANTS if self.within else OWN_VARIANTS[:1]
-        ):
-            if (stripe, chunk) not in self.built:
-                items, used_p2p = own_items(self.task, self.topology, self.classes.virtual,
-                                            self.lbd, stripe=stripe, chunk=chunk,
-                                            p2p=self.strategy is None)
-                self.built[(stripe, chunk)] = (items, "auto" if used_p2p else "broadcast")
-            items, label = self.built[(stripe, chunk)]
-            ops = self.classes.expand(order_items(items, order, self.lat))
-            out.append(((0, k), label, "own", ops, ()))
-        return out
-
-    def trial_stages(self) -> list[Callable[[], list[Candidate]]]:
-        """Seeded non-delay trials with perturbed priorities, within a budget of items (none
-        above ``sim_limit`` transfers), in stages of :data:`TRIALS_PER_STAGE`, on the item
-        variants that :meth:`variants` built (it runs first)."""
-        if not self.within:
-            return []
-        stages = []
-        for c in range(3):
-            for first in range(0, AUTO_TRIALS, TRIALS_PER_STAGE):
-                stages.append(lambda c=c, first=first: self._trials(c, first))
-        return stages
-
-    def _trials(self, c: int, first: int) -> list[Candidate]:
-        built = list(self.built.values())
-        if c >= len(built):
-            return []
-        items, label = built[c]
-        trials = min(AUTO_TRIALS, AUTO_TRIAL_BUDGET // (len(built) * max(len(items), 1)))
-        out: list[Candidate] = []
-        for k in range(first, min(first + TRIALS_PER_STAGE, trials)):
-            rng = np.random.default_rng([SEED, c, k])
-            ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng)
-            out.append(((1, c, k), label, "own", self.classes.expand(ops), ()))
-        return out
 
 
 def _op_key(op: Op) -> tuple:
@@ -367,19 +313,21 @@ def local_search(
     operations in all. Returns the best order and its simulated time.
     """
     n = len(ops)
-    cur = list(ops)
-    rep = simulate(Plan(task, ops, label, "auto", topology), topology)
+    sim = OrderSimulator(Plan(task, ops, label, "auto", topology), topology)
+    cur = list(range(n))  # the order, as indices of ops
+    end = sim.end_s(cur)
+    t = max(end, default=0.0)
     if n < 2:
-        return ops, rep.time_s
-    rng = np.random.default_rng([SEED, 7])
+        return ops, t
+    rng = seeded_rng(SEED, 7)
     for _ in range(min(AUTO_SEARCH_STEPS, AUTO_SEARCH_BUDGET // n)):
-        late = np.argsort(rep.end_s, kind="stable")
+        late = np.argsort(end, kind="stable")
         j = int(late[n - 1 - min(int(rng.exponential(n / 8)), n - 1)])
         if j == 0:
             continue
         i = int(rng.integers(0, j))
         cand = [*cur[:i], cur[j], *cur[i:j], *cur[j + 1 :]]
-        new = simulate(Plan(task, tuple(cand), label, "auto", topology), topology)
-        if new.time_s < rep.time_s:
-            cur, rep = cand, new
-    return tuple(cur), rep.time_s
+        new = sim.end_s(cand)
+        if max(new) < t:
+            cur, end, t = cand, new, max(new)
+    return tuple(ops[k] for k in cur), t

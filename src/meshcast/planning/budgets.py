@@ -8,6 +8,10 @@ task-specific tuning") and changing any of them changes plans.
 
 from __future__ import annotations
 
+import functools
+
+from numpy.random import PCG64, Generator, SeedSequence  # at import: numpy loads it lazily
+
 __all__ = [
     "AUTO_GOOD_ENOUGH",
     "AUTO_SEARCH_BUDGET",
@@ -23,6 +27,7 @@ __all__ = [
     "SEARCH_MAX_JOBS",
     "SEARCH_NODE_BUDGET",
     "SEED",
+    "seeded_rng",
 ]
 
 SEED = 20230501
@@ -73,3 +78,16 @@ once (docs/scheduling.md, step 6); not derived."""
 AUTO_TRIAL_BUDGET = 30_000
 """Items all those trials may schedule together (so each trial's simulation stays bounded). Set
 once; not derived."""
+
+
+def seeded_rng(*key: int) -> Generator:
+    """``numpy.random.default_rng(list(key))``: the same stream, with the seed sequence (the
+    slow part: it hashes the key) made once per key; searches draw a new generator per trial
+    with the same keys on every call. ``numpy.random`` is imported with this module (numpy
+    loads it lazily: about 14 ms on the first plan of a process that needs it)."""
+    return Generator(PCG64(_seed_sequence(key)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _seed_sequence(key: tuple[int, ...]) -> SeedSequence:
+    return SeedSequence(list(key))

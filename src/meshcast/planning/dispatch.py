@@ -14,7 +14,7 @@ import numpy as np
 from ..core.ops import Op
 from .items import Item
 
-__all__ = ["ORDERS", "dispatch", "first_fit_rounds", "order_items"]
+__all__ = ["ORDERS", "busiest_resource_work", "dispatch", "first_fit_rounds", "order_items"]
 
 ORDERS = (
     "rank_rounds",
@@ -120,7 +120,8 @@ def _list_schedule(items: list[Item], keys: list[int]) -> list[Op]:
 
 
 def dispatch(
-    items: list[Item], lat: float, *, queue_on_nic: bool, rng: np.random.Generator | None = None
+    items: list[Item], lat: float, *, queue_on_nic: bool, rng: np.random.Generator | None = None,
+    crit: list[float] | None = None,
 ) -> list[Op]:
     """Repeatedly start the item that can start first; the plan lists items by start time.
 
@@ -134,55 +135,54 @@ def dispatch(
       ranks are free and its transfer queues behind the NICs' (the wait is part of its key).
 
     Ties go to the item whose busiest resource (rank or NIC direction) has the most work in
-    total; with ``rng`` that work is scaled by a random factor in [1, 2) (seeded trials). A lazy
-    heap keeps this O(n log n): an item's key only grows.
-    """
-    crit = _busiest_resource_work(items, lat)
+    total (``crit``: :func:`busiest_resource_work` of the items, computed when not given); with
+    ``rng`` that work is scaled by a random factor in [1, 2) (seeded trials). A lazy heap keeps
+    this O(n log n): an item's key only grows."""
+    crit = busiest_resource_work(items, lat) if crit is None else crit
     if rng is not None:
         crit = [c * (1.0 + u) for c, u in zip(crit, rng.random(len(crit)).tolist())]
-    free_rank: dict[int, float] = {}
-    free_nic: dict[int, float] = {}
+    ranks, nics = [it.ranks for it in items], [it.nics for it in items]
+    free_rank = [0.0] * (max((r for rs in ranks for r in rs), default=-1) + 1)
+    free_nic = [0.0] * (max((k for ks in nics for k in ks), default=-1) + 1)
     tol = 0.0 if queue_on_nic else 1e-15  # float slack of the earliest-start comparison
-
-    def key(it: Item) -> tuple[float, float]:
-        s = 0.0
-        for r in it.ranks:
-            v = free_rank.get(r, 0.0)
-            if v > s:
-                s = v
-        wait = 0.0
-        for k in it.nics:
-            if queue_on_nic:
-                v = free_nic.get(k, 0.0) - s - lat
-                if v > wait:
-                    wait = v
-            else:  # bytes move from s + lat on
-                v = free_nic.get(k, 0.0) - lat
-                if v > s:
-                    s = v
-        return s, wait
-
-    heap = [(0.0, 0.0, -crit[i], items[i].order, i) for i in range(len(items))]
-    heapq.heapify(heap)
+    # heap entries (start, wait, rank in the tie order): all keys 0 at first, ranks in turn
+    prio = sorted(range(len(items)), key=lambda i: (-crit[i], items[i].order, i))
+    heap = [(0.0, 0.0, p) for p in range(len(prio))]
+    pop, push = heapq.heappop, heapq.heappush
     out: list[Op] = []
     while heap:
-        s0, w0, c, o, i = heapq.heappop(heap)
-        it = items[i]
-        s, w = key(it)
+        s0, w0, p = pop(heap)
+        i = prio[p]
+        s = 0.0  # the key of item i now: when its ranks are free, and its NIC wait
+        for r in ranks[i]:
+            if free_rank[r] > s:
+                s = free_rank[r]
+        w = 0.0
+        if queue_on_nic:
+            for k in nics[i]:
+                v = free_nic[k] - s - lat
+                if v > w:
+                    w = v
+        else:  # bytes move from s + lat on
+            for k in nics[i]:
+                v = free_nic[k] - lat
+                if v > s:
+                    s = v
         if s > s0 + tol or w > w0:
-            heapq.heappush(heap, (s, w, c, o, i))
+            push(heap, (s, w, p))
             continue
-        e = s + w + it.dur
-        for r in it.ranks:
+        e = s + w + items[i].dur
+        for r in ranks[i]:
             free_rank[r] = e
-        for k in it.nics:
+        for k in nics[i]:
             free_nic[k] = e
-        out.append(it.op)
+        out.append(items[i].op)
     return out
 
 
-def _busiest_resource_work(items: list[Item], lat: float) -> list[float]:
-    """Per item: the total work of its busiest resource (rank, or NIC direction)."""
+def busiest_resource_work(items: list[Item], lat: float) -> list[float]:
+    """Per item: the total work of its busiest resource (rank, or NIC direction): the priority
+    of :func:`dispatch`."""
     load: dict[tuple[int, int], float] = {}
     for it in items:
         for r in it.ranks:

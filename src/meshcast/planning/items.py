@@ -18,7 +18,7 @@ from ..core.topology import Topology
 from ..core.units import GBIT
 from ..estimate.lower_bound import LowerBound
 
-__all__ = ["Item", "Nets", "own_items"]
+__all__ = ["Item", "Nets", "OwnItems", "own_items"]
 
 STRIPE_SHARE = 4
 """A slice is striped over its holders' NICs when it is larger than 1/4 of a source NIC's fair
@@ -50,6 +50,18 @@ class Nets:
         self.rank_load: dict[int, float] = {}
         self.lat = topology.latency_us * 1e-6
         self.intra = topology.intra_gbps * GBIT
+
+
+class OwnItems(NamedTuple):
+    """What :func:`own_items` builds: the items, whether a slice went point-to-point, and
+    whether striping, or chunking, changed anything (``chunked``: whether a broadcast was large
+    enough to chunk, with ``chunk`` on or off). A switch that changed nothing gives the same items
+    on or off."""
+
+    items: list[Item]
+    used_p2p: bool
+    striped: bool
+    chunked: bool
 
 
 class Item(NamedTuple):
@@ -130,14 +142,14 @@ def own_items(
     stripe: bool,
     chunk: bool,
     p2p: bool,
-) -> tuple[list[Item], bool]:
+) -> OwnItems:
     """Senders and collectives for every slice of ``task`` (module doc), largest slice first:
     ``stripe`` cuts large slices over their holders' NICs, ``chunk`` cuts large broadcasts,
-    ``p2p`` sends point-to-point where that is cheaper. Returns (items, whether p2p was used)."""
+    ``p2p`` sends point-to-point where that is cheaper."""
     builder = _OwnItems(task, topology, slices, lbd, stripe=stripe, chunk=chunk, p2p=p2p)
     for sl in sorted(slices, key=lambda s: (-s.nbytes, s.index)):
         builder.add(sl)
-    return builder.items, builder.used_p2p
+    return OwnItems(builder.items, builder.used_p2p, builder.striped, builder.chunked)
 
 
 class _OwnItems:
@@ -158,7 +170,7 @@ class _OwnItems:
         lb_s = max(lbd.inbound_s, lbd.outbound_s)
         self.chunk_bytes = max(CHUNK_LATENCIES * nets.lat * min_bw, lb_s * min_bw / 8, 1.0)
         self.items: list[Item] = []
-        self.used_p2p = False
+        self.used_p2p = self.striped = self.chunked = False
         self.seq = 0
 
     def _push(self, sender: int, dsts: list[int], box: Box, nbytes: int) -> None:
@@ -209,6 +221,7 @@ class _OwnItems:
                     ranks_k = [r for r in sl.holders if nic[r] == k]
                     snd = min(ranks_k, key=lambda r: (nets.rank_load.get(r, 0.0), ranks_k.index(r)))
                     units.append((snd, w / len(nics_h)))
+            self.striped = self.striped or len(units) > 1
         if len(units) < 2:
             h = max(holder_hosts,
                     key=lambda x: (q.get(x, 0.0), -_host_out(nets, x, self.topology), -x))
@@ -233,7 +246,9 @@ class _OwnItems:
                 self.seq += 1
             dsts = []
         pieces = [box]
-        if self.chunk and dsts and nbytes > 2 * self.chunk_bytes:
+        large = bool(dsts) and nbytes > 2 * self.chunk_bytes
+        self.chunked = self.chunked or large
+        if self.chunk and large:
             k = min(MAX_CHUNKS, math.ceil(nbytes / self.chunk_bytes))
             pieces = list(split_box(box, k) or [box])
         for piece in pieces:

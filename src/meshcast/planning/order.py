@@ -3,28 +3,33 @@
 Randomised greedy rounds of host-disjoint transfers, senders drawn favouring lightly loaded
 hosts, best of :data:`~meshcast.planning.budgets.ORDER_TRIALS` seeded trials (fewer when every
 job has one candidate sender host and a trial already reaches the busiest host's work: no later
-trial could be kept); for small
-instances a depth-first branch-and-bound search improves on the best trial. Cost model
-(:class:`_HostModel`): a transfer starts when its sender host and all its receiver hosts are
-free and occupies them for size / bandwidth. Pure: seeded, bounded by counts.
+trial could be kept); for small instances a depth-first branch-and-bound search improves on the
+best trial. Cost model (:class:`~meshcast.planning.host_model.HostModel`): a transfer starts
+when its sender host and all its receiver hosts are free and occupies them for size /
+bandwidth. Pure: seeded, bounded by counts.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-from typing import NamedTuple
 
 import numpy as np
 
-from ..core.boxes import Box, box_size
+from ..core.boxes import box_size
 from ..core.ops import AllGather, Broadcast, Copy, Op, Send
 from ..core.plan import Plan
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
-from ..core.units import GBIT
-from .budgets import ORDER_NODE_BUDGET, ORDER_TRIALS, SEARCH_MAX_JOBS, SEARCH_NODE_BUDGET, SEED
+from .budgets import (
+    ORDER_NODE_BUDGET,
+    ORDER_TRIALS,
+    SEARCH_MAX_JOBS,
+    SEARCH_NODE_BUDGET,
+    SEED,
+    seeded_rng,
+)
 from .fixed import allgather_groups
+from .host_model import HostModel, Job, branch_and_bound
 
 __all__ = ["order_plan"]
 
@@ -32,26 +37,13 @@ LOAD_NOISE = 0.5
 """The greedy rounds draw a sender host by its load times a random factor in [1, 1.5): enough
 randomness that the seeded trials differ, while light hosts stay favoured. Set once; not
 derived."""
-IMPROVEMENT = 1e-9
-"""The search keeps an order only if it is faster than the best trial by this relative margin
-(a float tie is no improvement)."""
-
-
-class _Job(NamedTuple):
-    """A network transfer whose sender is still open: the holders it may come from."""
-
-    box: Box
-    nbytes: int
-    holders: tuple[int, ...]
-    receivers: tuple[int, ...]
-    gather: int  # index of the AllGather this part feeds, or -1
 
 
 def _skeleton(task: ReshardTask, topology: Topology, strategy: str):
     """Copies, network jobs (sender still open), all-gathers fed by jobs, fallbacks."""
     host_of = topology.hosts_by_rank
     copies: list[Op] = []
-    jobs: list[_Job] = []
+    jobs: list[Job] = []
     gathers: list[AllGather] = []
     fallbacks: list[tuple[int, str]] = []
     itemsize = task.itemsize
@@ -60,73 +52,30 @@ def _skeleton(task: ReshardTask, topology: Topology, strategy: str):
         if not sl.remote:
             continue
         if strategy == "broadcast":
-            jobs.append(_Job(sl.box, sl.nbytes, sl.holders, sl.remote, -1))
+            jobs.append(Job(sl.box, sl.nbytes, sl.holders, sl.remote, -1))
         elif strategy == "send_recv":
-            jobs.extend(_Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in sl.remote)
+            jobs.extend(Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in sl.remote)
         else:
             for group, parts in allgather_groups(sl.index, sl.box, sl.remote, host_of, fallbacks):
                 if parts is None:
-                    jobs.extend(_Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in group)
+                    jobs.extend(Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in group)
                     continue
                 g = len(gathers)
                 gathers.append(AllGather(tuple(group), sl.box, parts))
                 jobs.extend(
-                    _Job(p, box_size(p) * itemsize, sl.holders, (r,), g)
+                    Job(p, box_size(p) * itemsize, sl.holders, (r,), g)
                     for r, p in zip(group, parts)
                 )
     return copies, jobs, gathers, fallbacks
 
 
-def _job_op(job: _Job, sender: int) -> Op:
+def _job_op(job: Job, sender: int) -> Op:
     if len(job.receivers) == 1:
         return Send(sender, job.receivers[0], job.box)
     return Broadcast(sender, job.receivers, job.box)
 
 
-class _HostModel:
-    """The paper's cost model at host granularity (one NIC's bandwidth per host)."""
-
-    def __init__(self, topology: Topology, jobs: list[_Job]) -> None:
-        host_of = topology.hosts_by_rank
-        out_bw = [g * GBIT for g in topology.nic_out_gbps]
-        in_bw = [g * GBIT for g in topology.nic_in_gbps]
-        intra = topology.intra_gbps * GBIT
-        self.recv_hosts = [tuple(dict.fromkeys(host_of[r] for r in j.receivers)) for j in jobs]
-        self.cands = [tuple(dict.fromkeys(host_of[r] for r in j.holders)) for j in jobs]
-        self.dur: list[dict[int, float]] = []
-        self.local: list[int | None] = []  # the host that serves the job without its NIC
-        for j, rh, cands in zip(jobs, self.recv_hosts, self.cands):
-            d: dict[int, float] = {}
-            local = None
-            for h in cands:
-                others = [x for x in rh if x != h]
-                if not others:
-                    local = h
-                    d[h] = j.nbytes / intra
-                else:
-                    d[h] = j.nbytes / min(out_bw[h], *(in_bw[x] for x in others))
-            self.dur.append(d)
-            self.local.append(local)
-
-    def hosts(self, j: int, h: int) -> tuple[int, ...]:
-        rh = self.recv_hosts[j]
-        return rh if h in rh else (h, *rh)
-
-    def makespan(self, order: list[tuple[int, int]], num_hosts: int) -> float:
-        """List-schedule ``[(job, sender host), ...]`` in this order; return the makespan."""
-        free = [0.0] * num_hosts
-        end = 0.0
-        for j, h in order:
-            hs = self.hosts(j, h)
-            s = max(free[x] for x in hs)
-            e = s + self.dur[j][h]
-            for x in hs:
-                free[x] = e
-            end = max(end, e)
-        return end
-
-
-def _mean_duration(model: _HostModel, net: list[int]) -> float:
+def _mean_duration(model: HostModel, net: list[int]) -> float:
     """The mean of the jobs' shortest durations (1.0 for none or zero): the load unit of the
     greedy rounds."""
     mean = (sum(min(model.dur[j].values()) for j in net) / len(net)) if net else 1.0
@@ -134,122 +83,83 @@ def _mean_duration(model: _HostModel, net: list[int]) -> float:
 
 
 def _greedy_rounds(
-    model: _HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int,
+    model: HostModel, net: list[int], num_hosts: int, rng: np.random.Generator, budget: int,
     mean: float,
 ) -> tuple[list[tuple[int, int]], int]:
-    """One randomised trial: rounds of host-disjoint transfers (``mean``:
-    :func:`_mean_duration`). Returns (order, nodes spent)."""
+    """One randomised trial: rounds of host-disjoint transfers (``mean``: :func:`_mean_duration`).
+    Returns (order, nodes spent). Busy hosts are a bit mask; the noise is drawn in one block
+    (the same numbers as one draw per free sender: doubles come one after another)."""
     remaining = [net[i] for i in rng.permutation(len(net))]
-    noise = _Draws(rng)
+    # a job draws once per free candidate when it is placed: at most this many draws in all
+    buf = rng.random(sum(len(model.cands[j]) for j in net)).tolist()
+    pos = 0
     load = [0.0] * num_hosts
     order: list[tuple[int, int]] = []
     nodes = 0
+    rmask, cands, dur, cmask = model.rmask, model.cands, model.dur, model.cmask
     while remaining:
-        busy: set[int] = set()
+        # the hosts a waiting job must reach, and those one may come from: once all of either
+        # are busy, the round is full
+        receiving = sending = busy = 0
+        for j in remaining:
+            receiving |= rmask[j]
+            sending |= cmask[j]
         rest: list[int] = []
-        for pos, j in enumerate(remaining):
+        for at, j in enumerate(remaining):
             nodes += 1
             if nodes > budget:  # out of budget: the rest in one pass, least-loaded sender
-                rest.extend(remaining[pos:])
-                for jj in rest:
-                    h = min(model.cands[jj], key=lambda x: (load[x], x))
-                    load[h] += model.dur[jj][h]
-                    order.append((jj, h))
+                rest.extend(remaining[at:])
+                _least_loaded_pass(model, rest, load, order)
                 return order, nodes
-            if not busy.isdisjoint(model.recv_hosts[j]):
+            if busy & rmask[j]:
                 rest.append(j)
                 continue
-            free = [h for h in model.cands[j] if h not in busy]
-            if not free:
-                rest.append(j)
-                continue
-            # favour light load: load scaled by a random factor in [1, 1 + LOAD_NOISE)
-            u = noise.take(len(free))
-            if len(free) == 1:
-                h = free[0]
+            cj = cands[j]
+            if len(cj) == 1:
+                if busy & cmask[j]:
+                    rest.append(j)
+                    continue
+                h = cj[0]
+                pos += 1
             else:
-                scaled = [load[x] / mean * (1 + LOAD_NOISE * v) for x, v in zip(free, u)]
-                h = free[min(range(len(free)), key=scaled.__getitem__)]
-            busy.update(model.hosts(j, h))
-            load[h] += model.dur[j][h]
+                free = [h for h in cj if not busy >> h & 1]
+                if not free:
+                    rest.append(j)
+                    continue
+                k = len(free)
+                h = free[0] if k == 1 else _lightest(free, load, mean, buf[pos : pos + k])
+                pos += k
+            busy |= rmask[j] | (1 << h)
+            load[h] += dur[j][h]
             order.append((j, h))
+            if busy & receiving == receiving or busy & sending == sending:
+                # the round is full: every later job waits, each a node as if visited
+                rest.extend(remaining[at + 1 :])
+                nodes += len(remaining) - at - 1
+                if nodes > budget:  # as if out of budget at the first job past it
+                    _least_loaded_pass(model, rest, load, order)
+                    return order, budget + 1
+                break
         remaining = rest
     return order, nodes
 
 
-class _Draws:
-    """Uniform draws of ``rng`` taken a block at a time: ``take(k)`` returns the same numbers
-    as ``rng.random(k)`` would at that point (a generator's doubles come one after another
-    whatever the block size), with one numpy call per block instead of one per job."""
-
-    BLOCK = 1024
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self._rng = rng
-        self._buf: list[float] = []
-        self._pos = 0
-
-    def take(self, k: int) -> list[float]:
-        """The next ``k`` draws."""
-        if self._pos + k > len(self._buf):
-            self._buf = self._buf[self._pos :] + self._rng.random(max(k, self.BLOCK)).tolist()
-            self._pos = 0
-        out = self._buf[self._pos : self._pos + k]
-        self._pos += k
-        return out
+def _lightest(free: list[int], load: list[float], mean: float, draws: list[float]) -> int:
+    """The host of ``free`` whose load (in units of ``mean``) scaled by a random factor in
+    [1, 1 + LOAD_NOISE) is least (``draws``: one uniform draw per host): light load favoured."""
+    scaled = [load[x] / mean * (1 + LOAD_NOISE * v) for x, v in zip(free, draws)]
+    return free[min(range(len(free)), key=scaled.__getitem__)]
 
 
-def _branch_and_bound(
-    model: _HostModel, net: list[int], num_hosts: int, incumbent: float, budget: int
-) -> list[tuple[int, int]] | None:
-    """Depth-first branch and bound over (next transfer, sender); None if nothing better."""
-    free = [0.0] * num_hosts
-    must = [0.0] * num_hosts  # work every remaining job puts on its receiver hosts
-    for j in net:
-        for x in model.recv_hosts[j]:
-            must[x] += min(model.dur[j].values())
-    best: list = [incumbent * (1 - IMPROVEMENT), None]
-    chosen: list[tuple[int, int]] = []
-    nodes = 0
-    lpt = sorted(net, key=lambda j: (-max(model.dur[j].values()), j))
-    shortest = {j: min(model.dur[j].values()) for j in net}
-
-    def dfs(todo: list[int], makespan: float) -> None:
-        nonlocal nodes
-        if nodes >= budget:
-            return
-        nodes += 1
-        if not todo:
-            if makespan < best[0]:
-                best[0], best[1] = makespan, list(chosen)
-            return
-        bound = max(makespan, max(map(operator.add, free, must), default=makespan))
-        if bound >= best[0]:
-            return
-        for k, j in enumerate(todo):
-            mind = shortest[j]
-            rest = todo[:k] + todo[k + 1 :]
-            for h in sorted(model.cands[j], key=lambda x: (free[x], x)):
-                hs = model.hosts(j, h)
-                start = max(free[x] for x in hs)
-                end = start + model.dur[j][h]
-                saved = [free[x] for x in hs]
-                for x in hs:
-                    free[x] = end
-                for x in model.recv_hosts[j]:
-                    must[x] -= mind
-                chosen.append((j, h))
-                dfs(rest, max(makespan, end))
-                chosen.pop()
-                for x in model.recv_hosts[j]:
-                    must[x] += mind
-                for x, v in zip(hs, saved):
-                    free[x] = v
-                if nodes >= budget:
-                    return
-
-    dfs(lpt, 0.0)
-    return best[1]
+def _least_loaded_pass(
+    model: HostModel, jobs: list[int], load: list[float], order: list[tuple[int, int]]
+) -> None:
+    """Append ``jobs`` to ``order``, each from its least loaded candidate host (``load`` kept up
+    to date): the end of a trial out of budget."""
+    for j in jobs:
+        h = min(model.cands[j], key=lambda x: (load[x], x))
+        load[h] += model.dur[j][h]
+        order.append((j, h))
 
 
 def _least_loaded_holder_on_host(
@@ -270,28 +180,38 @@ def order_plan(
     trials: int = ORDER_TRIALS,
     node_budget: int = ORDER_NODE_BUDGET,
     search_budget: int = SEARCH_NODE_BUDGET,
+    memo: list[tuple[tuple, tuple[Op, ...]]] | None = None,
 ) -> Plan:
     """The paper's ``loadbalance_order``: senders and order chosen jointly (module doc).
 
     ``seed``, ``trials``, ``node_budget`` and ``search_budget`` default to
     :data:`~meshcast.planning.budgets.SEED`, :data:`~meshcast.planning.budgets.ORDER_TRIALS`,
     :data:`~meshcast.planning.budgets.ORDER_NODE_BUDGET` and
-    :data:`~meshcast.planning.budgets.SEARCH_NODE_BUDGET`."""
+    :data:`~meshcast.planning.budgets.SEARCH_NODE_BUDGET`. ``memo`` (a list kept by the caller
+    for one task and topology, with the same budgets): the operations are those of an earlier
+    strategy whose copies, network jobs and all-gathers were the same (e.g. ``send_recv`` and
+    ``broadcast`` where every slice has one receiver to reach), without planning again."""
     copies, jobs, gathers, fallbacks = _skeleton(task, topology, strategy)
+    key = (copies, jobs, gathers)
+    for seen, ops in memo or ():
+        if seen == key:
+            return Plan(task, ops, strategy, "order", topology, tuple(fallbacks))
     n_hosts = topology.num_hosts
-    model = _HostModel(topology, jobs)
+    model = HostModel(topology, jobs)
     net = [j for j in range(len(jobs)) if model.local[j] is None]
     best, makespan = _best_of_trials(model, net, n_hosts, seed, trials, node_budget)
     if 0 < len(net) <= SEARCH_MAX_JOBS:
-        found = _branch_and_bound(model, net, n_hosts, makespan, search_budget)
+        found = branch_and_bound(model, net, n_hosts, makespan, search_budget)
         if found is not None:
             best = found
-    ops = _ops_in_order(model, jobs, gathers, best, copies, topology)
-    return Plan(task, tuple(ops), strategy, "order", topology, tuple(fallbacks))
+    ops = tuple(_ops_in_order(model, jobs, gathers, best, copies, topology))
+    if memo is not None:
+        memo.append((key, ops))
+    return Plan(task, ops, strategy, "order", topology, tuple(fallbacks))
 
 
 def _best_of_trials(
-    model: _HostModel, net: list[int], n_hosts: int, seed: int, trials: int, node_budget: int
+    model: HostModel, net: list[int], n_hosts: int, seed: int, trials: int, node_budget: int
 ) -> tuple[list[tuple[int, int]], float]:
     """The best of the seeded greedy-round trials (by makespan, then host-load spread) within
     ``node_budget`` job examinations over all trials, and its makespan."""
@@ -303,7 +223,7 @@ def _best_of_trials(
     for trial in range(max(1, trials)):
         if trial and (spent >= node_budget or best_key[0] <= floor):
             break  # out of budget, or no later trial can have a smaller key
-        rng = np.random.default_rng([seed, trial])
+        rng = seeded_rng(seed, trial)
         order, nodes = _greedy_rounds(model, net, n_hosts, rng, max(1, node_budget - spent), mean)
         spent += nodes
         load = [0.0] * n_hosts
@@ -316,7 +236,7 @@ def _best_of_trials(
     return best, best_key[0]
 
 
-def _fixed_host_work(model: _HostModel, net: list[int], n_hosts: int) -> float:
+def _fixed_host_work(model: HostModel, net: list[int], n_hosts: int) -> float:
     """When every job has one candidate sender host, every trial gives the hosts the same work
     (so the same load spread) and none has a makespan below the busiest host's work: that work.
     Else minus infinity (the trials differ in their senders: no trial ends the search)."""
@@ -325,14 +245,14 @@ def _fixed_host_work(model: _HostModel, net: list[int], n_hosts: int) -> float:
     work = [0.0] * n_hosts
     for j in net:
         h = model.cands[j][0]
-        for x in model.hosts(j, h):
+        for x in model.span[j][h]:
             work[x] += model.dur[j][h]
     return max(work, default=0.0)
 
 
 def _ops_in_order(
-    model: _HostModel,
-    jobs: list[_Job],
+    model: HostModel,
+    jobs: list[Job],
     gathers: list[AllGather],
     best: list[tuple[int, int]],
     copies: list[Op],
@@ -344,7 +264,7 @@ def _ops_in_order(
     free = [0.0] * n_hosts
     timed: list[tuple[float, int, int, int]] = []
     for pos, (j, h) in enumerate(best):
-        hs = model.hosts(j, h)
+        hs = model.span[j][h]
         s = max(free[x] for x in hs)
         for x in hs:
             free[x] = s + model.dur[j][h]
