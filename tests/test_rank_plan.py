@@ -4,12 +4,17 @@ above AUTO_SIM_LIMIT slices, no NIC shared) they come without building the plan.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import meshcast as mc
+from meshcast.core.ops import op_to_json
 from meshcast.planning import planner
 from meshcast.planning.rank import regular_family
 
@@ -123,3 +128,20 @@ def test_bad_arguments():
         mc.rank_plan(task, topo, 0, strategy="ring")
     with pytest.raises(TypeError, match=r"task must be a meshcast\.ReshardTask"):
         mc.rank_plan(None, topo, 0)
+
+
+def test_same_in_two_processes():
+    """Pure and deterministic: a fresh process computes the same operations (by their JSON)."""
+    code = (
+        "import json, sys; sys.path.insert(0, 'tests'); import meshcast as mc;"
+        "from meshcast.core.ops import op_to_json;"
+        "from test_rank_plan import all_to_all;"
+        "task, topo = all_to_all(9, 10, seed=1);"
+        "ops = [op for r in (5, 100) for op in mc.rank_plan(task, topo, r)];"
+        "print(json.dumps([op_to_json(op) for op in ops]))"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    task, topo = all_to_all(9, 10, seed=1)
+    here = [op_to_json(op) for r in (5, 100) for op in mc.rank_plan(task, topo, r)]
+    assert json.loads(other) == here and len(here) == 80 + 72
