@@ -34,6 +34,7 @@ from .planning.many import (
     plan_many,
 )
 from .planning.planner import BALANCES, STRATEGIES, plan
+from .planning.rank import rank_plan
 
 __all__ = [
     "BALANCES",
@@ -89,6 +90,7 @@ __all__ = [
     "plan_amax",
     "plan_cache_info",
     "plan_many",
+    "rank_plan",
     "scale_layout",
     "scale_piece",
     "scatter",

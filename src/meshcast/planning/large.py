@@ -24,7 +24,7 @@ from .dispatch import first_fit_rounds
 from .items import Nets
 from .phased import complete_bipartite, phased_sends
 
-__all__ = ["LargePlans", "large_plan", "unshared_nics"]
+__all__ = ["LargePlans", "large_plan", "sends_rounds_time", "unshared_nics"]
 
 
 def unshared_nics(topology: Topology) -> bool:
@@ -233,7 +233,6 @@ def _exact_time(
     """:func:`_rounds_time` of the large plan (``ops`` in the order ``order_a``, rounds
     ``slot``) on a topology where no NIC serves two ranks."""
     senders, remotes, keep, sizes = ls.senders, ls.remotes, ls.keep, ls.sizes
-    order = order_a.tolist()
     nets = Nets(topology)
     itemsize = task.itemsize
     copy_end: dict[int, float] = {}
@@ -241,28 +240,47 @@ def _exact_time(
         assert isinstance(c, Copy)
         copy_end[c.rank] = copy_end.get(c.rank, 0.0) + box_size(c.box) * itemsize / nets.intra
     counts = 1 + np.fromiter((len(r) for r in remotes), dtype=np.int64, count=len(remotes))
+    nbytes = sizes[np.asarray(keep, dtype=np.int64)[order_a]] * itemsize if keep else sizes[:0]
+    slots = slot[order_a] if keep else np.zeros(0, dtype=np.int64)
     if len(ops) and int(counts.max()) == 2:  # sends only: vectorised
         snd = np.array(senders, dtype=np.int64)[order_a]
         rcv = np.array([r[0] for r in remotes], dtype=np.int64)[order_a]
-        top = int(max(snd.max(), rcv.max())) + 1
-        nic_of = np.zeros(top, dtype=np.int64)
-        host_of = np.zeros(top, dtype=np.int64)
-        for r in np.unique(np.concatenate((snd, rcv))).tolist():
-            nic_of[r], host_of[r] = nets.nic[r], nets.host_of[r]
-        out_bw, in_bw = np.array(nets.out_bw), np.array(nets.in_bw)
-        rate = np.where(
-            host_of[snd] == host_of[rcv],
-            nets.intra,
-            np.minimum(out_bw[nic_of[snd]], in_bw[nic_of[rcv]]),
-        )
-        flat = np.stack((snd, rcv), axis=1).ravel()
-    else:
-        rate = np.array([_op_rate(ops[j], topology, nets) for j in order])
-        flat = np.fromiter(
-            itertools.chain.from_iterable((senders[j], *remotes[j]) for j in order),
-            dtype=np.int64,
-        )
+        return sends_rounds_time(topology, copy_end, snd, rcv, nbytes, slots, nets)
+    order = order_a.tolist()
+    rate = np.array([_op_rate(ops[j], topology, nets) for j in order])
+    flat = np.fromiter(
+        itertools.chain.from_iterable((senders[j], *remotes[j]) for j in order),
+        dtype=np.int64,
+    )
     counts = counts[order_a] if len(ops) else counts
-    nbytes = sizes[np.asarray(keep, dtype=np.int64)[order_a]] * itemsize if keep else sizes[:0]
-    slots = slot[order_a] if keep else np.zeros(0, dtype=np.int64)
+    return _rounds_time(topology, copy_end, flat, counts, nbytes, rate, slots)
+
+
+def sends_rounds_time(
+    topology: Topology,
+    copy_end: dict[int, float],
+    snd: np.ndarray,
+    rcv: np.ndarray,
+    nbytes: np.ndarray,
+    slots: np.ndarray,
+    nets: Nets | None = None,
+) -> float:
+    """The exact :func:`meshcast.simulate` time (:func:`_rounds_time`) of a plan of per-rank
+    copies ending at ``copy_end`` then sends ``snd[k] -> rcv[k]`` of ``nbytes[k]`` bytes in
+    plan order, in rank-disjoint rounds ``slots`` (non-decreasing), on a topology where no NIC
+    serves two ranks (:func:`unshared_nics`); vectorised, no operation built."""
+    nets = Nets(topology) if nets is None else nets
+    top = int(max(snd.max(), rcv.max())) + 1
+    nic_of = np.zeros(top, dtype=np.int64)
+    host_of = np.zeros(top, dtype=np.int64)
+    for r in np.unique(np.concatenate((snd, rcv))).tolist():
+        nic_of[r], host_of[r] = nets.nic[r], nets.host_of[r]
+    out_bw, in_bw = np.array(nets.out_bw), np.array(nets.in_bw)
+    rate = np.where(
+        host_of[snd] == host_of[rcv],
+        nets.intra,
+        np.minimum(out_bw[nic_of[snd]], in_bw[nic_of[rcv]]),
+    )
+    flat = np.stack((snd, rcv), axis=1).ravel()
+    counts = np.full(len(snd), 2, dtype=np.int64)
     return _rounds_time(topology, copy_end, flat, counts, nbytes, rate, slots)

@@ -15,7 +15,7 @@ from .auto import auto_plan
 from .fixed import STRATEGIES, fixed_plan
 from .order import order_plan
 
-__all__ = ["BALANCES", "PLAN_CACHE", "PLAN_CACHE_OPS", "STRATEGIES", "plan"]
+__all__ = ["BALANCES", "PLAN_CACHE", "PLAN_CACHE_OPS", "STRATEGIES", "plan", "plan_key"]
 
 BALANCES = ("none", "size", "order", "auto")
 """How senders (and order) are chosen among the holders of a slice: ``"none"`` takes the first
@@ -38,6 +38,28 @@ immutable and a pure function of that key, so a hit is the plan the call would m
 256 entries (a model's distinct tensor shapes x layouts fit) and :data:`PLAN_CACHE_OPS`
 operations, least recently used dropped first; ``meshcast.clear_caches(["planning.plan"])``
 empties it."""
+
+
+def plan_key(
+    task: ReshardTask, topology: Topology | None, strategy: str | None, balance: str | None
+) -> tuple[ReshardTask, Topology, str | None, str]:
+    """``(task, resolved topology, strategy, balance)`` as :func:`plan` resolves its arguments
+    (its defaults, checked: ``TypeError`` / ``ValueError`` naming the bad one): the key of
+    :data:`PLAN_CACHE`."""
+    if not isinstance(task, ReshardTask):
+        raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
+    if strategy is None and balance is None:
+        balance = "auto"
+    elif balance is None:
+        balance = "none"
+    if strategy is None and balance != "auto":
+        strategy = "broadcast"
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")
+    if balance not in BALANCES:
+        raise ValueError(f"balance={balance!r} is unknown; choose one of {', '.join(BALANCES)}")
+    topology = topology_for_meshes(topology, task.src.mesh, task.dst.mesh)
+    return task, topology, strategy, balance
 
 
 def plan(
@@ -66,20 +88,8 @@ def plan(
     options returns the same :class:`Plan` object without planning; ``cache=False`` plans anew
     and leaves the cache as it is.
     """
-    if not isinstance(task, ReshardTask):
-        raise TypeError(f"task must be a meshcast.ReshardTask, got {task!r}")
-    if strategy is None and balance is None:
-        balance = "auto"
-    elif balance is None:
-        balance = "none"
-    if strategy is None and balance != "auto":
-        strategy = "broadcast"
-    if strategy is not None and strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")
-    if balance not in BALANCES:
-        raise ValueError(f"balance={balance!r} is unknown; choose one of {', '.join(BALANCES)}")
-    topology = topology_for_meshes(topology, task.src.mesh, task.dst.mesh)
-    key = (task, topology, strategy, balance)
+    key = plan_key(task, topology, strategy, balance)
+    task, topology, strategy, balance = key
     if cache:
         hit = PLAN_CACHE.get(key)
         if hit is not None:
