@@ -59,7 +59,7 @@ def engine_specs(tasks: dict[str, ReshardTask], engine: dict[str, Layout]) -> di
 def wrong_fp8(params: dict[str, Any], expect: dict[str, Any]) -> list[str]:
     """Names whose dequantized engine shard (``params``: this rank's weights and scales) is off
     the bfloat16 values ``expect`` by more than FP8's rounding (1/16 of the block's largest
-    value, and 1/8 for bfloat16 tensors' exact equality)."""
+    value); a tensor kept in bfloat16 must equal its values."""
     import torch
 
     from ..interop.sync_fp8 import SCALE_SUFFIX
