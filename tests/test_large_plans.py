@@ -1,6 +1,6 @@
 """The large path of "auto" on shared NICs (issue 14): the phased order with g groups per NIC and
-its cost model, the pruning of the slower order, and the first-holder fixed plan's time floor
-computed without building the plan."""
+its cost model, the pruning of the slower order, and the first-holder and ``order`` fixed plans'
+time floors computed without building the plans."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import sys
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from strategies import tasks
 
 import meshcast as mc
 from meshcast.planning.auto import auto_plan
-from meshcast.planning.fixed import fixed_plan
+from meshcast.planning.fixed import STRATEGIES, fixed_plan
 from meshcast.planning.floors import first_holder_floor
 from meshcast.planning.large import large_plan
+from meshcast.planning.order import order_floor, order_plan
 from meshcast.planning.phased import epoch_cuts, phase_model
 
 LAT = 30e-6
@@ -92,6 +94,32 @@ def test_first_holder_floor_is_time_floor_of_the_none_plan(task):
     topo = mc.Topology.preset_for_meshes("p3.8xlarge", task.src.mesh, task.dst.mesh)
     plan = fixed_plan(task, topo, "send_recv", "none")
     assert first_holder_floor(task, topo) == mc.time_floor(plan, topo)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tasks(), st.sampled_from(STRATEGIES))
+def test_order_floor_is_time_floor_of_the_order_plan(task, strategy):
+    """Computed without building the plan's operations, the ``order`` plan's floor is the same
+    number as :func:`meshcast.time_floor` of the plan (None where a job is a broadcast or feeds
+    an all-gather), so it is never above the plan's simulated time."""
+    topo = mc.Topology.preset_for_meshes("p3.8xlarge", task.src.mesh, task.dst.mesh)
+    plan = order_plan(task, topo, strategy)
+    floor = order_floor(task, topo, strategy)
+    if any(op.kind in ("broadcast", "allgather") for op in plan.ops):
+        assert floor is None
+    else:
+        assert floor == mc.time_floor(plan, topo)
+        assert floor <= mc.simulate(plan, topo).time_s
+
+
+def test_order_floor_rules_out_the_order_plan_of_the_large_path():
+    """On shared NICs the large path keeps its phased plan; the ``order`` plan's floor, computed
+    without building it, is above that plan's simulated time (so it is not built), and equals
+    the floor of the built plan."""
+    task, topo = _all_to_all(8, (1600, 320)), mc.Topology.uniform(16, 8, nic_gbps=10)
+    kept = mc.simulate(auto_plan(task, topo, None, sim_limit=2), topo).time_s
+    floor = order_floor(task, topo, "send_recv")
+    assert floor == mc.time_floor(order_plan(task, topo, "send_recv"), topo) > kept
 
 
 def test_large_shared_nic_plan_same_in_two_processes():

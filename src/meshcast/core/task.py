@@ -69,7 +69,12 @@ def iter_slices(task: ReshardTask) -> Iterator[SliceInfo]:
     cache: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     sizes = dec.sizes().tolist()
     holders_of, receivers_of = dec.holders_of_tile, dec.receivers_of_tile
-    for i, (box, s, t) in enumerate(zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())):
+    tiles = zip(dec.boxes(), dec.src_tile.tolist(), dec.dst_tile.tolist())
+    if set(task.src.mesh.devices).isdisjoint(task.dst.mesh.devices):  # no receiver holds any
+        for i, (box, s, t) in enumerate(tiles):
+            yield SliceInfo(i, box, sizes[i] * itemsize, holders_of[s], (), receivers_of[t])
+        return
+    for i, (box, s, t) in enumerate(tiles):
         split = cache.get((s, t))
         if split is None:
             holders = set(holders_of[s])

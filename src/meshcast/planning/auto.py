@@ -40,7 +40,7 @@ from .budgets import (
 from .fixed import STRATEGIES, fixed_plan
 from .floors import first_holder_floor, strategy_floors
 from .large import large_plan
-from .order import order_plan
+from .order import order_floor, order_plan
 from .own import OWN_VARIANTS, Candidate, OwnMethod
 
 __all__ = ["FIXED_BALANCES", "OWN_VARIANTS", "auto_plan", "local_search", "one_remote_receiver"]
@@ -173,14 +173,19 @@ class _FixedStage:
 
 
     def _ruled_out_unbuilt(self, strategy: str, balance: str, one_for_all: bool) -> bool:
-        """With ``direct_floor``: whether the ``"none"`` plan of ``strategy`` (the same
-        operations as ``send_recv``'s when it is ``send_recv`` or stands for all strategies) is
-        ruled out by its :func:`meshcast.time_floor` computed without building it
-        (:func:`~meshcast.planning.floors.first_holder_floor`)."""
-        if not (self.direct_floor and self.pool.times and balance == "none"
-                and (strategy == "send_recv" or one_for_all)):
+        """With ``direct_floor``: whether the fixed plan is ruled out by its
+        :func:`meshcast.time_floor` computed without building it: the ``"none"`` plan of
+        ``strategy`` (the same operations as ``send_recv``'s when it is ``send_recv`` or stands
+        for all strategies: :func:`~meshcast.planning.floors.first_holder_floor`), or an
+        ``"order"`` plan whose jobs are sends (:func:`~meshcast.planning.order.order_floor`)."""
+        if not (self.direct_floor and self.pool.times):
             return False
-        return self.pool.beats(first_holder_floor(self.task, self.topology))
+        if balance == "order":
+            floor = order_floor(self.task, self.topology, strategy)
+            return floor is not None and self.pool.beats(floor)
+        if balance == "none" and (strategy == "send_recv" or one_for_all):
+            return self.pool.beats(first_holder_floor(self.task, self.topology))
+        return False
 
 
 class _Pool:

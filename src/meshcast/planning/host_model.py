@@ -44,27 +44,28 @@ class HostModel:
         out_bw = [g * GBIT for g in topology.nic_out_gbps]
         in_bw = [g * GBIT for g in topology.nic_in_gbps]
         intra = topology.intra_gbps * GBIT
-        self.recv_hosts = [tuple(dict.fromkeys(host_of[r] for r in j.receivers)) for j in jobs]
-        self.cands = [tuple(dict.fromkeys(host_of[r] for r in j.holders)) for j in jobs]
-        self.dur: list[dict[int, float]] = []
-        self.local: list[int | None] = []  # the host that serves the job without its NIC
-        for j, rh, cands in zip(jobs, self.recv_hosts, self.cands):
-            d: dict[int, float] = {}
-            local = None
-            for h in cands:
-                others = [x for x in rh if x != h]
-                if not others:
-                    local = h
-                    d[h] = j.nbytes / intra
-                else:
-                    d[h] = j.nbytes / min(out_bw[h], *(in_bw[x] for x in others))
-            self.dur.append(d)
-            self.local.append(local)
-        # per job: its receiver and candidate hosts as bit masks; per sender host, its hosts
-        self.rmask = [sum(1 << x for x in rh) for rh in self.recv_hosts]
-        self.cmask = [sum(1 << x for x in cands) for cands in self.cands]
-        self.span = [{h: rh if h in rh else (h, *rh) for h in cands}
-                     for rh, cands in zip(self.recv_hosts, self.cands)]
+        hosts: dict[tuple[int, ...], tuple[int, ...]] = {}  # ranks -> their hosts, in order
+        rows: dict[tuple, tuple] = {}  # jobs with the same hosts and bytes share their row
+        per_job: list[tuple] = []
+        for j in jobs:
+            rh = hosts.get(j.receivers)
+            if rh is None:
+                rh = hosts[j.receivers] = tuple(dict.fromkeys(host_of[r] for r in j.receivers))
+            cands = hosts.get(j.holders)
+            if cands is None:
+                cands = hosts[j.holders] = tuple(dict.fromkeys(host_of[r] for r in j.holders))
+            row = rows.get((rh, cands, j.nbytes))
+            if row is None:
+                row = rows[rh, cands, j.nbytes] = _row(rh, cands, j.nbytes, out_bw, in_bw, intra)
+            per_job.append(row)
+        columns = [list(c) for c in zip(*per_job)] if per_job else [[] for _ in range(7)]
+        self.recv_hosts: list[tuple[int, ...]] = columns[0]
+        self.cands: list[tuple[int, ...]] = columns[1]
+        self.dur: list[dict[int, float]] = columns[2]  # read only: jobs may share one
+        self.local: list[int | None] = columns[3]  # the host that serves it without its NIC
+        self.rmask: list[int] = columns[4]
+        self.cmask: list[int] = columns[5]
+        self.span: list[dict[int, tuple[int, ...]]] = columns[6]
 
     def makespan(self, order: list[tuple[int, int]], num_hosts: int) -> float:
         """List-schedule ``[(job, sender host), ...]`` in this order; return the makespan."""
@@ -83,6 +84,22 @@ class HostModel:
             if e > end:
                 end = e
         return end
+
+
+def _row(rh: tuple[int, ...], cands: tuple[int, ...], nbytes: int, out_bw: list[float],
+         in_bw: list[float], intra: float) -> tuple:
+    """:class:`HostModel`'s columns for one job of ``nbytes`` from hosts ``cands`` to ``rh``."""
+    d: dict[int, float] = {}
+    local = None
+    for h in cands:
+        others = [x for x in rh if x != h]
+        if not others:
+            local = h
+            d[h] = nbytes / intra
+        else:
+            d[h] = nbytes / min(out_bw[h], *(in_bw[x] for x in others))
+    span = {h: rh if h in rh else (h, *rh) for h in cands}
+    return (rh, cands, d, local, sum(1 << x for x in rh), sum(1 << x for x in cands), span)
 
 
 def branch_and_bound(

@@ -11,6 +11,7 @@ bandwidth. Pure: seeded, bounded by counts.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -20,6 +21,7 @@ from ..core.ops import AllGather, Broadcast, Copy, Op, Send
 from ..core.plan import Plan
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
+from ..estimate.simulate import copy_send_floor
 from .budgets import (
     ORDER_NODE_BUDGET,
     ORDER_TRIALS,
@@ -31,7 +33,7 @@ from .budgets import (
 from .fixed import allgather_groups
 from .host_model import HostModel, Job, branch_and_bound
 
-__all__ = ["order_plan"]
+__all__ = ["order_floor", "order_plan"]
 
 LOAD_NOISE = 0.5
 """The greedy rounds draw a sender host by its load times a random factor in [1, 1.5): enough
@@ -48,13 +50,15 @@ def _skeleton(task: ReshardTask, topology: Topology, strategy: str):
     fallbacks: list[tuple[int, str]] = []
     itemsize = task.itemsize
     for sl in iter_slices(task):
-        copies.extend(Copy(r, sl.box) for r in sl.local)
-        if not sl.remote:
+        if sl.local:
+            copies.extend(Copy(r, sl.box) for r in sl.local)
+        remote = sl.remote
+        if not remote:
             continue
-        if strategy == "broadcast":
-            jobs.append(Job(sl.box, sl.nbytes, sl.holders, sl.remote, -1))
+        if strategy == "broadcast" or (strategy == "send_recv" and len(remote) == 1):
+            jobs.append(Job(sl.box, sl.nbytes, sl.holders, remote, -1))
         elif strategy == "send_recv":
-            jobs.extend(Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in sl.remote)
+            jobs.extend(Job(sl.box, sl.nbytes, sl.holders, (r,), -1) for r in remote)
         else:
             for group, parts in allgather_groups(sl.index, sl.box, sl.remote, host_of, fallbacks):
                 if parts is None:
@@ -156,9 +160,11 @@ def _least_loaded_pass(
 ) -> None:
     """Append ``jobs`` to ``order``, each from its least loaded candidate host (``load`` kept up
     to date): the end of a trial out of budget."""
+    cands, dur = model.cands, model.dur
     for j in jobs:
-        h = min(model.cands[j], key=lambda x: (load[x], x))
-        load[h] += model.dur[j][h]
+        cj = cands[j]
+        h = cj[0] if len(cj) == 1 else min(cj, key=lambda x: (load[x], x))
+        load[h] += dur[j][h]
         order.append((j, h))
 
 
@@ -196,18 +202,43 @@ def order_plan(
     for seen, ops in memo or ():
         if seen == key:
             return Plan(task, ops, strategy, "order", topology, tuple(fallbacks))
-    n_hosts = topology.num_hosts
+    sequence = _sequence(topology, jobs, seed, trials, node_budget, search_budget)
+    ops = tuple(_ops_in_order(jobs, gathers, sequence, copies))
+    if memo is not None:
+        memo.append((key, ops))
+    return Plan(task, ops, strategy, "order", topology, tuple(fallbacks))
+
+
+def order_floor(task: ReshardTask, topology: Topology, strategy: str) -> float | None:
+    """:func:`meshcast.time_floor` of ``order_plan(task, topology, strategy)`` (default budgets)
+    computed from its senders, receivers and bytes without building its operations (the same
+    number: :func:`~meshcast.estimate.simulate.copy_send_floor`), where every network job has
+    one receiver and none feeds an all-gather; None otherwise."""
+    copies, jobs, gathers, _ = _skeleton(task, topology, strategy)
+    if gathers or any(len(job.receivers) != 1 for job in jobs):
+        return None
+    sequence = _sequence(topology, jobs, SEED, ORDER_TRIALS, ORDER_NODE_BUDGET,
+                         SEARCH_NODE_BUDGET)
+    itemsize = task.itemsize
+    srcs = [-1] * len(copies) + [r for _, r in sequence]
+    dsts = [c.rank for c in copies] + [jobs[j].receivers[0] for j, _ in sequence]
+    nbytes = [box_size(c.box) * itemsize for c in copies] + [jobs[j].nbytes for j, _ in sequence]
+    return copy_send_floor(srcs, dsts, nbytes, topology)
+
+
+def _sequence(topology: Topology, jobs: list[Job], seed: int, trials: int, node_budget: int,
+              search_budget: int) -> list[tuple[int, int]]:
+    """The jobs in the plan's order with their senders: ``(job, sender rank)``, the best of the
+    seeded trials (improved by the branch-and-bound search on small instances)."""
     model = HostModel(topology, jobs)
     net = [j for j in range(len(jobs)) if model.local[j] is None]
+    n_hosts = topology.num_hosts
     best, makespan = _best_of_trials(model, net, n_hosts, seed, trials, node_budget)
     if 0 < len(net) <= SEARCH_MAX_JOBS:
         found = branch_and_bound(model, net, n_hosts, makespan, search_budget)
         if found is not None:
             best = found
-    ops = tuple(_ops_in_order(model, jobs, gathers, best, copies, topology))
-    if memo is not None:
-        memo.append((key, ops))
-    return Plan(task, ops, strategy, "order", topology, tuple(fallbacks))
+    return _senders_in_order(model, jobs, best, topology)
 
 
 def _best_of_trials(
@@ -250,35 +281,47 @@ def _fixed_host_work(model: HostModel, net: list[int], n_hosts: int) -> float:
     return max(work, default=0.0)
 
 
-def _ops_in_order(
-    model: HostModel,
-    jobs: list[Job],
-    gathers: list[AllGather],
-    best: list[tuple[int, int]],
-    copies: list[Op],
-    topology: Topology,
-) -> list[Op]:
-    """The final order: copies, local jobs, then network jobs by their start in the host model;
-    each all-gather right after the last part it is fed by."""
+def _senders_in_order(
+    model: HostModel, jobs: list[Job], best: list[tuple[int, int]], topology: Topology
+) -> list[tuple[int, int]]:
+    """The final order: local jobs, then network jobs by their start in the host model; each
+    with its sender, the least loaded holder on its sender host: ``(job, sender rank)``."""
     n_hosts = topology.num_hosts
     free = [0.0] * n_hosts
     timed: list[tuple[float, int, int, int]] = []
+    span, dur = model.span, model.dur
     for pos, (j, h) in enumerate(best):
-        hs = model.span[j][h]
-        s = max(free[x] for x in hs)
+        hs = span[j][h]
+        s = max([free[x] for x in hs])
+        e = s + dur[j][h]
         for x in hs:
-            free[x] = s + model.dur[j][h]
+            free[x] = e
         timed.append((s, pos, j, h))
     timed.sort()
-    local = [j for j in range(len(jobs)) if model.local[j] is not None]
+    host_of = topology.hosts_by_rank
     rank_load: dict[int, int] = {}
-    ops: list[Op] = list(copies)
-    sequence = [(j, model.local[j]) for j in local] + [(j, h) for _, _, j, h in timed]
-    left = [len(g.group) for g in gathers]
-    for j, h in sequence:
+    out: list[tuple[int, int]] = []
+    local = [(j, model.local[j]) for j in range(len(jobs)) if model.local[j] is not None]
+    for j, h in itertools.chain(local, ((j, h) for _, _, j, h in timed)):
         job = jobs[j]
-        r = _least_loaded_holder_on_host(job.holders, h, topology.hosts_by_rank, rank_load)
+        holders = job.holders
+        r = holders[0] if len(holders) == 1 else _least_loaded_holder_on_host(
+            holders, h, host_of, rank_load)
         rank_load[r] = rank_load.get(r, 0) + job.nbytes
+        out.append((j, r))
+    return out
+
+
+def _ops_in_order(
+    jobs: list[Job], gathers: list[AllGather], sequence: list[tuple[int, int]],
+    copies: list[Op],
+) -> list[Op]:
+    """The operations: copies, then the jobs of ``sequence`` from their senders, each
+    all-gather right after the last part it is fed by."""
+    ops: list[Op] = list(copies)
+    left = [len(g.group) for g in gathers]
+    for j, r in sequence:
+        job = jobs[j]
         ops.append(_job_op(job, r))
         if job.gather >= 0:
             left[job.gather] -= 1
