@@ -4,6 +4,7 @@ time floors computed without building the plans."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from strategies import tasks
 
 import meshcast as mc
-from meshcast.planning.auto import auto_plan
+from meshcast.planning.auto import auto_plan, collector_paused
 from meshcast.planning.fixed import STRATEGIES, fixed_plan
 from meshcast.planning.floors import first_holder_floor
 from meshcast.planning.large import large_plan
@@ -120,6 +121,27 @@ def test_order_floor_rules_out_the_order_plan_of_the_large_path():
     kept = mc.simulate(auto_plan(task, topo, None, sim_limit=2), topo).time_s
     floor = order_floor(task, topo, "send_recv")
     assert floor == mc.time_floor(order_plan(task, topo, "send_recv"), topo) > kept
+
+
+def test_collector_paused_restores_the_collector():
+    """The large path pauses Python's cyclic garbage collector and leaves it as it found it,
+    also when the block raises."""
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="planning failed"), collector_paused():
+        raise RuntimeError("planning failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    auto_plan(_all_to_all(2, (64, 32)), mc.Topology.uniform(8, 4, nic_gbps=10), None, sim_limit=2)
+    assert gc.isenabled()
 
 
 def test_large_shared_nic_plan_same_in_two_processes():

@@ -37,10 +37,11 @@ class HostModel:
     """The paper's cost model at host granularity (one NIC's bandwidth per host), per job: its
     receiver hosts, candidate sender hosts (``cands``), duration per sender host, the host that
     serves it without its NIC (``local``), bit masks of its receiver and candidate hosts and,
-    per sender host, the hosts it occupies (``span``)."""
+    per sender host, the hosts it occupies (``span``); ``host_of``: the topology's host of each
+    rank."""
 
     def __init__(self, topology: Topology, jobs: list[Job]) -> None:
-        host_of = topology.hosts_by_rank
+        self.host_of = host_of = topology.hosts_by_rank
         out_bw = [g * GBIT for g in topology.nic_out_gbps]
         in_bw = [g * GBIT for g in topology.nic_in_gbps]
         intra = topology.intra_gbps * GBIT
@@ -67,11 +68,13 @@ class HostModel:
         self.cmask: list[int] = columns[5]
         self.span: list[dict[int, tuple[int, ...]]] = columns[6]
 
-    def makespan(self, order: list[tuple[int, int]], num_hosts: int) -> float:
-        """List-schedule ``[(job, sender host), ...]`` in this order; return the makespan."""
+    def schedule(self, order: list[tuple[int, int]], num_hosts: int) -> tuple[list[float], float]:
+        """List-schedule ``[(job, sender host), ...]`` in this order; return each job's start
+        (in the order given) and the makespan."""
         free = [0.0] * num_hosts
         end = 0.0
         span, dur = self.span, self.dur
+        starts: list[float] = []
         for j, h in order:
             hs = span[j][h]
             s = 0.0  # the latest free time of its hosts (all are at least 0)
@@ -83,7 +86,8 @@ class HostModel:
                 free[x] = e
             if e > end:
                 end = e
-        return end
+            starts.append(s)
+        return starts, end
 
 
 def _row(rh: tuple[int, ...], cands: tuple[int, ...], nbytes: int, out_bw: list[float],

@@ -233,20 +233,22 @@ def _sequence(topology: Topology, jobs: list[Job], seed: int, trials: int, node_
     model = HostModel(topology, jobs)
     net = [j for j in range(len(jobs)) if model.local[j] is None]
     n_hosts = topology.num_hosts
-    best, makespan = _best_of_trials(model, net, n_hosts, seed, trials, node_budget)
+    best, makespan, starts = _best_of_trials(model, net, n_hosts, seed, trials, node_budget)
     if 0 < len(net) <= SEARCH_MAX_JOBS:
         found = branch_and_bound(model, net, n_hosts, makespan, search_budget)
         if found is not None:
-            best = found
-    return _senders_in_order(model, jobs, best, topology)
+            best, (starts, _) = found, model.schedule(found, n_hosts)
+    return _senders_in_order(model, jobs, best, starts)
 
 
 def _best_of_trials(
     model: HostModel, net: list[int], n_hosts: int, seed: int, trials: int, node_budget: int
-) -> tuple[list[tuple[int, int]], float]:
+) -> tuple[list[tuple[int, int]], float, list[float]]:
     """The best of the seeded greedy-round trials (by makespan, then host-load spread) within
-    ``node_budget`` job examinations over all trials, and its makespan."""
+    ``node_budget`` job examinations over all trials, its makespan and its jobs' starts in the
+    host model."""
     best: list[tuple[int, int]] | None = None
+    best_starts: list[float] = []
     best_key = (math.inf, math.inf)
     spent = 0
     floor = _fixed_host_work(model, net, n_hosts)
@@ -260,11 +262,12 @@ def _best_of_trials(
         load = [0.0] * n_hosts
         for j, h in order:
             load[h] += model.dur[j][h]
-        key = (model.makespan(order, n_hosts), max(load) - min(load))
+        starts, makespan = model.schedule(order, n_hosts)
+        key = (makespan, max(load) - min(load))
         if key < best_key:
-            best, best_key = order, key
+            best, best_key, best_starts = order, key, starts
     assert best is not None
-    return best, best_key[0]
+    return best, best_key[0], best_starts
 
 
 def _fixed_host_work(model: HostModel, net: list[int], n_hosts: int) -> float:
@@ -282,31 +285,21 @@ def _fixed_host_work(model: HostModel, net: list[int], n_hosts: int) -> float:
 
 
 def _senders_in_order(
-    model: HostModel, jobs: list[Job], best: list[tuple[int, int]], topology: Topology
+    model: HostModel, jobs: list[Job], best: list[tuple[int, int]], starts: list[float]
 ) -> list[tuple[int, int]]:
-    """The final order: local jobs, then network jobs by their start in the host model; each
-    with its sender, the least loaded holder on its sender host: ``(job, sender rank)``."""
-    n_hosts = topology.num_hosts
-    free = [0.0] * n_hosts
-    timed: list[tuple[float, int, int, int]] = []
-    span, dur = model.span, model.dur
-    for pos, (j, h) in enumerate(best):
-        hs = span[j][h]
-        s = max([free[x] for x in hs])
-        e = s + dur[j][h]
-        for x in hs:
-            free[x] = e
-        timed.append((s, pos, j, h))
-    timed.sort()
-    host_of = topology.hosts_by_rank
+    """The final order: local jobs, then the network jobs of ``best`` by their ``starts`` in the
+    host model (ties in the order of ``best``); each with its sender, the least loaded holder on
+    its sender host: ``(job, sender rank)``."""
+    timed = [best[k] for k in sorted(range(len(best)), key=starts.__getitem__)]  # stable
+    local = [(j, model.local[j]) for j in range(len(jobs)) if model.local[j] is not None]
+    if all(len(job.holders) == 1 for job in jobs):  # one sender each: no choice to make
+        return [(j, jobs[j].holders[0]) for j, _ in itertools.chain(local, timed)]
+    host_of = model.host_of
     rank_load: dict[int, int] = {}
     out: list[tuple[int, int]] = []
-    local = [(j, model.local[j]) for j in range(len(jobs)) if model.local[j] is not None]
-    for j, h in itertools.chain(local, ((j, h) for _, _, j, h in timed)):
+    for j, h in itertools.chain(local, timed):
         job = jobs[j]
-        holders = job.holders
-        r = holders[0] if len(holders) == 1 else _least_loaded_holder_on_host(
-            holders, h, host_of, rank_load)
+        r = _least_loaded_holder_on_host(job.holders, h, host_of, rank_load)
         rank_load[r] = rank_load.get(r, 0) + job.nbytes
         out.append((j, r))
     return out
