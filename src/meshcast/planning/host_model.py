@@ -48,16 +48,17 @@ class HostModel:
         hosts: dict[tuple[int, ...], tuple[int, ...]] = {}  # ranks -> their hosts, in order
         rows: dict[tuple, tuple] = {}  # jobs with the same hosts and bytes share their row
         per_job: list[tuple] = []
-        for j in jobs:
-            rh = hosts.get(j.receivers)
+        for _, nbytes, holders, receivers, _ in jobs:
+            rh = hosts.get(receivers)
             if rh is None:
-                rh = hosts[j.receivers] = tuple(dict.fromkeys(host_of[r] for r in j.receivers))
-            cands = hosts.get(j.holders)
+                rh = hosts[receivers] = tuple(dict.fromkeys(host_of[r] for r in receivers))
+            cands = hosts.get(holders)
             if cands is None:
-                cands = hosts[j.holders] = tuple(dict.fromkeys(host_of[r] for r in j.holders))
-            row = rows.get((rh, cands, j.nbytes))
+                cands = hosts[holders] = tuple(dict.fromkeys(host_of[r] for r in holders))
+            key = (rh, cands, nbytes)
+            row = rows.get(key)
             if row is None:
-                row = rows[rh, cands, j.nbytes] = _row(rh, cands, j.nbytes, out_bw, in_bw, intra)
+                row = rows[key] = _row(rh, cands, nbytes, out_bw, in_bw, intra)
             per_job.append(row)
         columns = [list(c) for c in zip(*per_job)] if per_job else [[] for _ in range(7)]
         self.recv_hosts: list[tuple[int, ...]] = columns[0]

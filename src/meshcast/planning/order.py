@@ -93,7 +93,7 @@ def _greedy_rounds(
     """One randomised trial: rounds of host-disjoint transfers (``mean``: :func:`_mean_duration`).
     Returns (order, nodes spent). Busy hosts are a bit mask; the noise is drawn in one block
     (the same numbers as one draw per free sender: doubles come one after another)."""
-    remaining = [net[i] for i in rng.permutation(len(net))]
+    remaining = [net[i] for i in rng.permutation(len(net)).tolist()]
     # a job draws once per free candidate when it is placed: at most this many draws in all
     buf = rng.random(sum(len(model.cands[j]) for j in net)).tolist()
     pos = 0
