@@ -109,7 +109,7 @@ def test_peer_dying_mid_transfer_makes_the_others_raise(tmp_path: Path) -> None:
 def _broadcast_job(rank: int, victim: int, how: str, out_dir: str) -> str:
     import torch
 
-    n = 8 << 20  # 32 MiB of float32 to 7 receivers on 4 hosts, 32 chunks
+    n = 8 << 20  # 32 MiB of float32 to 7 receivers on 4 hosts, 128 chunks
     task = ReshardTask((n,), "float32", Layout(Mesh([0]), "R"), Layout(Mesh.from_range(1, (7,)),
                                                                         "R"))
     p = plan(task, HOSTS, strategy="broadcast")
@@ -117,8 +117,9 @@ def _broadcast_job(rank: int, victim: int, how: str, out_dir: str) -> str:
     if rank == victim:
         _fail_at(6, how)
 
-    def run():
-        out = meshcast.reshard(local, p, timeout=TIMEOUTS[how])
+    def run():  # chunks well below the socket buffers: a sender killed half-way through
+        # writing one leaves its receiver waiting the timeout (gloo; docs/runtime.md)
+        out = meshcast.reshard(local, p, timeout=TIMEOUTS[how], chunk_bytes=256 << 10)
         return None if out is None else bool(torch.equal(out, torch.arange(n,
                                                                            dtype=torch.float32)))
 
