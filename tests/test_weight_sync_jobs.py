@@ -47,6 +47,17 @@ def _start(results: dict, key: str, fn, world: int, args: tuple) -> threading.Th
     return thread
 
 
+def _both(fn, *args) -> dict:
+    """``fn(rank, address, role, *args)`` as a trainer job and an engine job of 2 ranks each,
+    both launched and joined; ``{role: results or the exception}``."""
+    address, results = _address(), {}
+    threads = [_start(results, role, fn, 2, (address, role, *args))
+               for role in ("trainer", "engine")]
+    for t in threads:
+        t.join(150)
+    return results
+
+
 @pytest.mark.timeout(300)
 def test_trainer_to_engine_syncs_fault_and_reconnect() -> None:
     address, results = _address(), {}
@@ -109,11 +120,7 @@ def test_a_side_alone_is_told_within_its_timeout() -> None:
 
 @pytest.mark.timeout(200)
 def test_fused_qkv_gate_up_and_stacked_experts_arrive_in_place() -> None:
-    address, results = _address(), {}
-    threads = [_start(results, "trainer", jobs.fused, 2, (address, "trainer", [1, 2, 3])),
-               _start(results, "engine", jobs.fused, 2, (address, "engine", [1, 2, 3]))]
-    for t in threads:
-        t.join(150)
+    results = _both(jobs.fused, [1, 2, 3])
     trainer, engine = results["trainer"], results["engine"]
     assert not isinstance(trainer, Exception) and not isinstance(engine, Exception), results
     jobs.check_fused(trainer, engine, [1, 2, 3])
@@ -123,11 +130,7 @@ def test_fused_qkv_gate_up_and_stacked_experts_arrive_in_place() -> None:
 def test_fp8_block_and_per_tensor_scales_are_the_whole_conversion_in_place() -> None:
     import weight_sync_fp8_job as fp8
 
-    address, results = _address(), {}
-    threads = [_start(results, "trainer", fp8.run, 2, (address, "trainer", [1, 2, 3])),
-               _start(results, "engine", fp8.run, 2, (address, "engine", [1, 2, 3]))]
-    for t in threads:
-        t.join(150)
+    results = _both(fp8.run, [1, 2, 3])
     trainer, engine = results["trainer"], results["engine"]
     assert not isinstance(trainer, Exception) and not isinstance(engine, Exception), results
     fp8.check(trainer, engine, [1, 2, 3])
@@ -137,11 +140,7 @@ def test_fp8_block_and_per_tensor_scales_are_the_whole_conversion_in_place() -> 
 def test_a_trainer_rank_dying_in_the_fp8_amax_exchange_is_named_on_every_engine_rank() -> None:
     import weight_sync_fp8_job as fp8
 
-    address, results = _address(), {}
-    threads = [_start(results, "trainer", fp8.dies_in_amax, 2, (address, "trainer")),
-               _start(results, "engine", fp8.dies_in_amax, 2, (address, "engine"))]
-    for t in threads:
-        t.join(150)
+    results = _both(fp8.dies_in_amax)
     assert isinstance(results["trainer"], mc.LaunchError), results
     assert "exited with code 3" in results["trainer"].failures[1]
     for r, report in enumerate(results["engine"]):
