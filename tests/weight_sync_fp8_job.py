@@ -78,7 +78,6 @@ def run(rank: int, address: str, role: str, versions: list[int]) -> dict:
     """One side: the trainer pushes ``versions``; the engine receives each in place and reports
     whether every byte of every tensor and scale equals the whole conversion's (the last version
     into fresh tensors)."""
-    import torch
 
     declared = specs(role)
     group = mc.connect(address, role, model="fp8-test", timeout=60)
@@ -95,15 +94,10 @@ def run(rank: int, address: str, role: str, versions: list[int]) -> dict:
                       for n, s in declared.items()}
             report["received"].append(sync.push(shards, version=v).version)
     else:
-        local = {n: torch.zeros(s.layout.shard_shape(rank, tuple(s.shape)), dtype=s.dtype)
-                 for n, s in declared.items()}
-        ptrs = {n: t.data_ptr() for n, t in local.items()}
-        for k, _ in enumerate(versions):
-            got = sync.receive(None if k == len(versions) - 1 else local)  # the last: fresh
-            report["received"].append(got.version)
-            report["exact"].append(_exact(got.tensors, declared, rank, got.version))
-        report["same_storage"] = all(t.data_ptr() == ptrs[n] for n, t in local.items())
-        report["in_place"] = _exact(local, declared, rank, versions[-2])
+        from weight_sync_jobs import receive_versions
+
+        report.update(receive_versions(sync, declared, rank, versions,
+                                       lambda got, v: _exact(got, declared, rank, v)))
     mc.disconnect(group)
     return report
 

@@ -329,16 +329,29 @@ def fused(rank: int, address: str, role: str, versions: list[int]) -> dict:
                       for n, s in specs.items() if s.layout.region(rank, s.shape) is not None}
             report["received"].append(sync.push(shards, version=v).version)
     else:
-        local = {n: torch.zeros(s.layout.shard_shape(rank, s.shape), dtype=torch.bfloat16)
-                 for n, s in specs.items()}
-        ptrs = {n: t.data_ptr() for n, t in local.items()}
-        for k, _ in enumerate(versions):
-            got = sync.receive(None if k == len(versions) - 1 else local)
-            report["received"].append(got.version)
-            report["exact"].append(_bytes_equal(got.tensors, specs, rank, got.version))
-        report["same_storage"] = all(t.data_ptr() == ptrs[n] for n, t in local.items())
-        report["in_place"] = _bytes_equal(local, specs, rank, versions[-2])
+        report.update(receive_versions(sync, specs, rank, versions,
+                                       lambda got, v: _bytes_equal(got, specs, rank, v)))
     mc.disconnect(group)
+    return report
+
+
+def receive_versions(sync, specs: dict, rank: int, versions: list[int], exact) -> dict:
+    """An engine rank of the fused and FP8 cases: receive ``versions`` into zeroed parameters in
+    place (the last into fresh tensors), each checked by ``exact(tensors, version)``; the
+    report's engine entries."""
+    import torch
+
+    local = {n: torch.zeros(s.layout.shard_shape(rank, tuple(s.shape)),
+                            dtype=getattr(torch, s.dtype) if isinstance(s.dtype, str) else s.dtype)
+             for n, s in specs.items()}
+    ptrs = {n: t.data_ptr() for n, t in local.items()}
+    report: dict = {"received": [], "exact": []}
+    for k, _ in enumerate(versions):
+        got = sync.receive(None if k == len(versions) - 1 else local)
+        report["received"].append(got.version)
+        report["exact"].append(exact(got.tensors, got.version))
+    report["same_storage"] = all(t.data_ptr() == ptrs[n] for n, t in local.items())
+    report["in_place"] = exact(local, versions[-2])
     return report
 
 
