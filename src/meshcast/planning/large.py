@@ -109,8 +109,8 @@ def _rounds(senders: list[int], remotes: list[tuple[int, ...]]) -> np.ndarray:
     n = len(senders)
     graph = complete_bipartite(senders, remotes)
     if graph is not None:
-        s_ranks, r_ranks, i, j = graph
-        return (i + j) % max(len(s_ranks), len(r_ranks))
+        s_ranks, r_ranks, i, j, nth, k = graph
+        return (i + j) % max(len(s_ranks), len(r_ranks)) * k + nth
     resources = [(sender, *remote) for sender, remote in zip(senders, remotes)]
     return np.array(first_fit_rounds(resources, range(n)), dtype=np.int64)
 

@@ -19,24 +19,42 @@ from ..core.ops import Op, Send
 from ..core.topology import Topology
 from ..core.units import GBIT
 
-__all__ = ["Phased", "complete_bipartite", "epoch_cuts", "phase_model", "phased_sends"]
+__all__ = ["Bipartite", "Phased", "complete_bipartite", "epoch_cuts", "phase_model", "phased_sends"]
 
 
-def complete_bipartite(
-    senders: list[int], remotes: list[tuple[int, ...]]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """For sends in which every sender sends once to every receiver and no rank is on both sides:
-    the sender ranks, the receiver ranks (sorted), and each send's index into both; else None."""
+class Bipartite(NamedTuple):
+    """Sends in which every sender sends to every receiver the same number ``k`` of times and
+    no rank is on both sides: the sender ranks and the receiver ranks (sorted), each send's
+    index into both, and its place among the ``k`` sends of its pair (in the given order)."""
+
+    s_ranks: np.ndarray
+    r_ranks: np.ndarray
+    i: np.ndarray
+    j: np.ndarray
+    nth: np.ndarray
+    k: int
+
+
+def complete_bipartite(senders: list[int], remotes: list[tuple[int, ...]]) -> Bipartite | None:
+    """The :class:`Bipartite` form of sends ``senders[x] -> remotes[x]`` (one receiver each),
+    None where they are not such a graph. ``k > 1`` where each rank holds ``k`` boxes of every
+    pair's data (a strided or fused layout, docs/concepts.md)."""
     n = len(senders)
     if not n or any(len(r) != 1 for r in remotes):
         return None
     s_ranks, i = np.unique(np.array(senders, dtype=np.int64), return_inverse=True)
     r_ranks, j = np.unique(np.array([r[0] for r in remotes], dtype=np.int64), return_inverse=True)
-    if n != len(s_ranks) * len(r_ranks) or len(np.unique(i * len(r_ranks) + j)) != n:
-        return None
     if np.intersect1d(s_ranks, r_ranks).size:
         return None
-    return s_ranks, r_ranks, i.ravel(), j.ravel()
+    pairs = len(s_ranks) * len(r_ranks)
+    pair = i.ravel() * len(r_ranks) + j.ravel()
+    k = n // pairs
+    if n != k * pairs or (np.bincount(pair, minlength=pairs) != k).any():
+        return None
+    by_pair = np.argsort(pair, kind="stable")
+    nth = np.empty(n, dtype=np.int64)
+    nth[by_pair] = np.arange(n) - np.searchsorted(pair[by_pair], pair[by_pair], side="left")
+    return Bipartite(s_ranks, r_ranks, i.ravel(), j.ravel(), nth, k)
 
 
 class Phased(NamedTuple):
@@ -109,7 +127,7 @@ def phased_sends(
     graph = complete_bipartite(senders, remotes)
     if graph is None:
         return None
-    s_ranks, r_ranks, i, j = graph
+    s_ranks, r_ranks, i, j, nth, k = graph
     nic, _ = topology.global_nics()
     s_nic, r_nic = (np.array([nic[r] for r in x.tolist()], dtype=np.int64)
                     for x in (s_ranks, r_ranks))
@@ -121,7 +139,7 @@ def phased_sends(
     g, gain = 2, None
     if aligned:
         bw = min(*topology.nic_out_gbps, *topology.nic_in_gbps) * GBIT
-        g, phased, latin = phase_model(per_nic, max(len(s_ranks), len(r_ranks)),
+        g, phased, latin = phase_model(per_nic, k * max(len(s_ranks), len(r_ranks)),
                                        topology.latency_us * 1e-6, float(nbytes.mean()) / bw)
         if len(s_ranks) == len(r_ranks):  # the model's rounds (measured: within 0.2 %, 2 % on
             # 16-byte slices, where it predicts Latin rounds 2 % faster and they are equal)
@@ -137,6 +155,7 @@ def phased_sends(
     else:  # NICs of different sizes on the two sides: one Latin square per block
         n_s, n_r = np.bincount(s_group, minlength=g), np.bincount(r_group, minlength=g)
         rounds = (r_index[j] - s_index[i]) % np.maximum(n_s[gs], n_r[gr])
+    rounds = rounds * k + nth  # a pair's k sends in k consecutive rounds
     order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch))
     cuts = epoch_cuts(g)[epoch, gs]
     return Phased(_with_lead_pieces(order, senders, remotes, boxes, cuts, epoch), gain)
