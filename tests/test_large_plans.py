@@ -179,9 +179,10 @@ def test_phased_order_with_three_ranks_per_nic():
 def test_phased_order_with_k_boxes_per_rank(k):
     """A strided source (``S01[k]R``: k boxes per rank) sends k slices on every pair: the sends
     are still a complete bipartite graph (with multiplicity k), a pair's k sends go in k
-    consecutive rank-disjoint rounds (a sender's receivers come k times in a row), and the phased order applies. The data arrive exactly,
-    and ``auto`` is as close to the lower bound as on the one-box task (within 1 %; before the
-    multiplicity, first-fit rounds left it 9-14 % above)."""
+    consecutive rank-disjoint rounds (a sender's receivers come k times in a row), and the
+    phased order applies. The data arrive exactly, and ``auto`` is as close to the lower bound
+    as on the one-box task (within 1 %; before the multiplicity, first-fit rounds left it 9-14 %
+    above)."""
     src = mc.Layout(mc.Mesh.from_range(0, (2, 4)), f"S01[{k}]R")
     dst = mc.Layout(mc.Mesh.from_range(8, (2, 4)), "RS01")
     task = mc.ReshardTask((3072, 1024), "float32", src, dst)
