@@ -3,7 +3,8 @@
 ``b``) into an engine of 2 ranks, tensor parallel: ``w`` in ``float8_e4m3fn`` with 128 x 128 block
 scales ``w_scale_inv``, ``v`` in ``float8_e5m2`` with one scale ``v_scale_inv``, ``b`` in
 bfloat16. The engine checks its FP8 bytes and scales against :func:`meshcast.quantize` of the
-whole tensor, bit for bit, in place.
+whole tensor, bit for bit, in place. Then, on the same connection, FP8 into fused and stacked
+engine tensors (:func:`fused`).
 """
 
 from __future__ import annotations
@@ -98,7 +99,81 @@ def run(rank: int, address: str, role: str, versions: list[int]) -> dict:
 
         report.update(receive_versions(sync, declared, rank, versions,
                                        lambda got, v: _exact(got, declared, rank, v)))
+    report["fused"] = fused(group, rank, role, versions)
     mc.disconnect(group)
+    return report
+
+
+FUSED_FP8 = ("qkv_proj", "gate_up_proj", "w13_weight", "w2_weight", "o_proj")
+"""The engine tensors of the Llama-style model (weight_sync_jobs.py) kept in FP8 by
+:func:`fused`: fused (QKV with grouped-query attention, gate_up), stacked (w2), stacked of fused
+(w13), and a plain one; 2 x 2 blocks (the model is tiny: its parts are whole blocks)."""
+
+
+def fused_specs(role: str) -> dict:
+    """The Llama-style model's descriptions, the engine's :data:`FUSED_FP8` tensors in
+    ``float8_e4m3fn`` with their block scales."""
+    import torch
+    from weight_sync_jobs import llama_specs
+
+    specs = llama_specs(role)
+    if role == "trainer":
+        return specs
+    for name in [n for n in specs if any(f in n for f in FUSED_FP8)]:
+        shape, _, layout = specs[name]
+        specs[name] = mc.ParamSpec(shape, torch.float8_e4m3fn, layout)
+        scale_layout, grid = mc.scale_layout(layout, shape, (2, 2))
+        specs[f"{name}_scale_inv"] = mc.ParamSpec(grid, torch.float32, scale_layout)
+    return specs
+
+
+def fused_expected(name: str, version: int):
+    """Engine tensor ``name`` (or its scales) at ``version``, whole: the trainer's tensors
+    assembled by hand, then converted whole."""
+    import torch
+    from weight_sync_jobs import llama_engine_full
+
+    base = name.removesuffix("_scale_inv")
+    x = torch.from_numpy(llama_engine_full(base, version))
+    if not any(f in base for f in FUSED_FP8):
+        return x.to(torch.bfloat16)
+    q, scales = mc.quantize(x, "float8_e4m3fn", (2, 2))
+    return scales if name.endswith("_scale_inv") else q
+
+
+def fused(group, rank: int, role: str, versions: list[int]) -> dict:
+    """FP8 into fused and stacked engine tensors (``llama_mapping``), on ``group``: per-tensor
+    scales for them are refused (one error on every rank of both jobs); with 2 x 2 blocks the
+    trainer pushes ``versions`` and the engine receives them in place (the last into fresh
+    tensors), checking every byte and scale against the whole tensor's conversion."""
+    import torch
+    from weight_sync_jobs import llama_full, receive_versions
+
+    specs = fused_specs(role)
+    mapping = mc.llama_mapping(2, num_experts=2, moe_layers=[1])
+    report: dict = {"errors": [], "received": []}
+    blocks = {n: (2, 2) for n in fused_specs("engine") if any(f in n for f in FUSED_FP8)}
+    try:
+        mc.WeightSync(group, specs, mapping=mapping,
+                      fp8_block={**blocks, "model.layers.0.self_attn.qkv_proj.weight": None})
+    except ValueError as exc:
+        report["errors"].append(str(exc))
+    sync = mc.WeightSync(group, specs, mapping=mapping, fp8_block=(2, 2), bucket_bytes=4 << 10)
+    if role == "trainer":
+        for v in versions:
+            shards = {n: torch.from_numpy(mc.scatter(llama_full(n, tuple(s.shape), v),
+                                                     s.layout)[rank])
+                      for n, s in specs.items() if s.layout.region(rank, s.shape) is not None}
+            report["received"].append(sync.push(shards, version=v).version)
+        return report
+
+    def exact(tensors: dict, version: int) -> bool:
+        return sorted(tensors) == sorted(specs) and all(
+            torch.equal(_bits(tensors[n]), _bits(_shard(fused_expected(n, version), s.layout,
+                                                        rank)))
+            for n, s in specs.items())
+
+    report.update(receive_versions(sync, specs, rank, versions, exact))
     return report
 
 
@@ -112,6 +187,16 @@ def check(trainer: list[dict], engine: list[dict], versions: list[int]) -> None:
     for report in engine:
         assert report["exact"] == [True] * len(versions)  # FP8 bytes and scales, bit for bit
         assert report["in_place"] and report["same_storage"]  # the one before last, in place
+    per_tensor = ("the engine's FP8 parameters do not fit: model.layers.0.self_attn.qkv_proj."
+                  "weight: a fused or stacked FP8 tensor needs block-wise scales (fp8_block): "
+                  "one scale per tensor would span its parts, which come from different "
+                  "trainer tensors")
+    for report in trainer + engine:  # into fused and stacked tensors
+        assert report["fused"]["errors"] == [per_tensor]
+        assert report["fused"]["received"] == versions
+    for report in engine:
+        assert report["fused"]["exact"] == [True] * len(versions)
+        assert report["fused"]["in_place"] and report["fused"]["same_storage"]
 
 
 def dies_in_amax(rank: int, address: str, role: str) -> dict:

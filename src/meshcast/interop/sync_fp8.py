@@ -10,6 +10,8 @@ exchanges :func:`meshcast.plan_amax` planned once): each trainer rank then conve
 :func:`meshcast.quantize_shard` (FP8 bytes on the wire), and each engine rank computes its scales
 (:func:`meshcast.scales_of`) from the whole ``amax`` of its blocks: both bit for bit what
 :func:`meshcast.quantize` gives on the whole tensor. No scale crosses the wire as a tensor.
+A fused or stacked engine tensor (``mapping=``) is scaled block-wise, each part from its own
+trainer tensor, its scales placed by :func:`meshcast.scale_piece` (:func:`plan_fp8`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.layout import Layout
-from ..core.scales import FP8_MAX, scale_layout
+from ..core.names import Piece
+from ..core.scales import FP8_MAX, scale_layout, scale_piece
 from ..planning.amax import AmaxPlan, plan_amax
 from ..runtime.convert import combine_amax, partial_amax, quantize_shard, scales_of
 from ..runtime.joint import JointGroup
@@ -39,13 +42,22 @@ Fp8Block = Sequence[int] | None | Mapping[str, Sequence[int] | None]
 
 class Fp8Route(NamedTuple):
     """An FP8 route of the sync: ``routes[index]``, scaled per ``block`` (None: per tensor), its
-    scales in the engine parameter ``scale`` (layout ``plan.dst``, joint ranks)."""
+    scales (layout ``plan.dst``, joint ranks) in the engine parameter ``scale`` (layout
+    ``layout`` of shape ``grid``): the whole of it, or for a part of a fused or stacked engine
+    tensor the place ``piece`` gives (:func:`meshcast.scale_piece`)."""
 
     index: int
     block: tuple[int, ...] | None
     dtype: str
     scale: str
     plan: AmaxPlan
+    layout: Layout
+    grid: tuple[int, ...]
+    piece: Piece | None = None
+
+    def view(self, scales: torch.Tensor, me: int) -> torch.Tensor:
+        """This route's scales inside joint rank ``me``'s shard ``scales`` of ``scale``."""
+        return scales if self.piece is None else self.piece.dst_view(scales, me)
 
 
 def is_fp8(dtype: Any) -> bool:
@@ -69,22 +81,35 @@ def _block(fp8_block: Fp8Block, name: str) -> tuple[int, ...] | None:
 def plan_fp8(routes: Sequence[Route], engine: Mapping[str, dict], offset: int,
              fp8_block: Fp8Block) -> list[Fp8Route]:
     """One :class:`Fp8Route` per route into an FP8 engine tensor, its ``amax`` exchange planned;
-    every problem (no scale parameter, one in the wrong shape, dtype or layout, a shard cutting a
-    block, a fused or stacked FP8 tensor) in one ``ValueError`` listing them all."""
+    every problem (no scale parameter, one in the wrong shape, dtype or layout, a shard or a
+    fused part cutting a block, per-tensor scales of a fused or stacked tensor) in one
+    ``ValueError`` listing them all.
+
+    A part of a fused or stacked engine tensor (``mapping=``) is scaled block-wise as the whole
+    engine tensor is, each part's blocks being whole blocks of that tensor: its scales are
+    computed from its own trainer tensor and land in their place in the engine tensor's
+    scales. One scale per tensor would span parts that come from different trainer tensors: it
+    is refused."""
     out, problems = [], []
     for k, route in enumerate(routes):
-        task = route.task
+        task, piece = route.task, route.piece
         if not is_fp8(task.dtype):
             continue
         scale = route.target + SCALE_SUFFIX
         try:
-            if route.piece is not None:
-                raise ValueError("FP8 into fused or stacked engine tensors (mapping=) is not "
-                                 "supported by WeightSync yet")
             if scale not in engine:
                 raise ValueError(f"the engine declares no scale parameter {scale!r}")
             block = _block(fp8_block, route.target)
-            layout, grid = scale_layout(task.dst, task.shape, block)
+            if piece is None:
+                layout, grid = scale_layout(task.dst, task.shape, block)
+                dst = layout
+            elif block is None:
+                raise ValueError("a fused or stacked FP8 tensor needs block-wise scales "
+                                 "(fp8_block): one scale per tensor would span its parts, "
+                                 "which come from different trainer tensors")
+            else:
+                piece = scale_piece(piece, block)
+                layout, grid, dst = piece.engine_layout, piece.engine_shape, piece.task.dst
             have = engine[scale]
             declared = shift_layout(Layout.from_json(have["layout"]), offset)
             if (tuple(have["shape"]), have["dtype"], declared) != (grid, "float32", layout):
@@ -96,9 +121,10 @@ def plan_fp8(routes: Sequence[Route], engine: Mapping[str, dict], offset: int,
             problems.append(f"{route.target}: {exc}")
             continue
         out.append(Fp8Route(k, block, task.dtype, scale,
-                            plan_amax(task.shape, block, task.src, layout)))
+                            plan_amax(task.shape, block, task.src, dst), layout, grid, piece))
     if problems:
-        raise ValueError("the engine's FP8 parameters do not fit: " + "; ".join(problems))
+        raise ValueError("the engine's FP8 parameters do not fit: "
+                         + "; ".join(dict.fromkeys(problems)))  # a fused tensor's parts: once
     return out
 
 
@@ -107,7 +133,8 @@ def combine(fp8: Sequence[Fp8Route], shards: Mapping[int, torch.Tensor | None],
             ) -> tuple[dict[int, torch.Tensor], dict[str, torch.Tensor]]:
     """This rank's part of the sync's one ``amax`` exchange: ``shards`` (trainer ranks: route
     index -> the local shard, None where missing) give the partials. Returns the whole ``amax``
-    of this rank's touched blocks per route index, and its scales per scale parameter."""
+    of this rank's touched blocks per route index, and its scales per route index (the
+    route's part of its scale parameter: :meth:`Fp8Route.view`)."""
     me, partials = group.me, []
     for f in fp8:
         if me not in f.plan.partial:
@@ -119,7 +146,7 @@ def combine(fp8: Sequence[Fp8Route], shards: Mapping[int, torch.Tensor | None],
             partials.append(partial_amax(shards[f.index], region, f.plan.shape, f.block))
     done = combine_amax([f.plan for f in fp8], partials, group=group, rank=me, timeout=timeout)
     amax = {f.index: a for f, (a, _) in zip(fp8, done) if a is not None}
-    scales = {f.scale: scales_of(s, f.dtype) for f, (_, s) in zip(fp8, done) if s is not None}
+    scales = {f.index: scales_of(s, f.dtype) for f, (_, s) in zip(fp8, done) if s is not None}
     return amax, scales
 
 
@@ -137,9 +164,9 @@ def scale_targets(fp8: Sequence[Fp8Route], params: Mapping[str, Any] | None, me:
     (float32, the scale layout's shard shape), or fresh tensors when ``params`` is None."""
     out: dict[str, torch.Tensor | None] = {}
     for f in fp8:
-        if me not in f.plan.scale:
+        if me not in f.plan.scale or f.scale in out:
             continue
-        shape = () if f.block is None else f.plan.dst.shard_shape(me, f.plan.grid)
+        shape = f.layout.shard_shape(me, f.grid)
         if params is None:
             out[f.scale] = torch.empty(shape, dtype=torch.float32)
             continue

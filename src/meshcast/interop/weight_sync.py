@@ -184,9 +184,10 @@ class WeightSync:
         into = self._stage(targets) if self.atomic and params is not None else targets
 
         def prepare() -> None:  # the FP8 tensors' scales, from the amax exchange
-            for name, value in combine(self.fp8, {}, self.group, self.timeout)[1].items():
-                if into.get(name) is not None:
-                    into[name].copy_(value)
+            fp8 = {f.index: f for f in self.fp8}
+            for k, value in combine(self.fp8, {}, self.group, self.timeout)[1].items():
+                if into.get(fp8[k].scale) is not None:
+                    fp8[k].view(into[fp8[k].scale], me).copy_(value)
 
         outs = [None if r.task.dst_region(me) is None or into.get(r.target) is None
                 else into[r.target] if r.piece is None else r.piece.dst_view(into[r.target], me)
