@@ -67,11 +67,12 @@ def _bits(t):
     return t.contiguous().view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
 
 
-def _exact(tensors: dict, declared: dict, rank: int, version: int) -> bool:
+def _exact(tensors: dict, declared: dict, rank: int, version: int, whole=expected) -> bool:
+    """Whether ``tensors`` are bit for bit this rank's shards of ``whole(name, version)``."""
     import torch
 
     return sorted(tensors) == sorted(declared) and all(
-        torch.equal(_bits(tensors[n]), _bits(_shard(expected(n, version), s.layout, rank)))
+        torch.equal(_bits(tensors[n]), _bits(_shard(whole(n, version), s.layout, rank)))
         for n, s in declared.items())
 
 
@@ -146,8 +147,7 @@ def fused(group, rank: int, role: str, versions: list[int]) -> dict:
     scales for them are refused (one error on every rank of both jobs); with 2 x 2 blocks the
     trainer pushes ``versions`` and the engine receives them in place (the last into fresh
     tensors), checking every byte and scale against the whole tensor's conversion."""
-    import torch
-    from weight_sync_jobs import llama_full, receive_versions
+    from weight_sync_jobs import llama_shards, receive_versions
 
     specs = fused_specs(role)
     mapping = mc.llama_mapping(2, num_experts=2, moe_layers=[1])
@@ -161,19 +161,10 @@ def fused(group, rank: int, role: str, versions: list[int]) -> dict:
     sync = mc.WeightSync(group, specs, mapping=mapping, fp8_block=(2, 2), bucket_bytes=4 << 10)
     if role == "trainer":
         for v in versions:
-            shards = {n: torch.from_numpy(mc.scatter(llama_full(n, tuple(s.shape), v),
-                                                     s.layout)[rank])
-                      for n, s in specs.items() if s.layout.region(rank, s.shape) is not None}
-            report["received"].append(sync.push(shards, version=v).version)
+            report["received"].append(sync.push(llama_shards(specs, rank, v), version=v).version)
         return report
-
-    def exact(tensors: dict, version: int) -> bool:
-        return sorted(tensors) == sorted(specs) and all(
-            torch.equal(_bits(tensors[n]), _bits(_shard(fused_expected(n, version), s.layout,
-                                                        rank)))
-            for n, s in specs.items())
-
-    report.update(receive_versions(sync, specs, rank, versions, exact))
+    report.update(receive_versions(sync, specs, rank, versions,
+                                   lambda got, v: _exact(got, specs, rank, v, fused_expected)))
     return report
 
 

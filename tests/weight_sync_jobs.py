@@ -306,11 +306,19 @@ def llama_engine_full(name: str, version: int):
     return build(rule)
 
 
+def llama_shards(specs: dict, rank: int, version: int) -> dict:
+    """Trainer rank ``rank``'s shards of the Llama-style model at ``version``."""
+    import torch
+
+    return {n: torch.from_numpy(mc.scatter(llama_full(n, tuple(s.shape), version),
+                                           s.layout)[rank])
+            for n, s in specs.items() if s.layout.region(rank, s.shape) is not None}
+
+
 def fused(rank: int, address: str, role: str, versions: list[int]) -> dict:
     """One side of the fused sync: a mapping that leaves out ``lm_head`` (one error on both
     sides), then ``llama_mapping``: the trainer pushes ``versions``; the engine receives them
     in place (the last into fresh tensors) and checks every byte; the report."""
-    import torch
 
     mapping = mc.llama_mapping(2, num_experts=2, moe_layers=[1])
     specs = llama_specs(role)
@@ -324,10 +332,7 @@ def fused(rank: int, address: str, role: str, versions: list[int]) -> dict:
     report["routes"] = len(sync.routes)
     if role == "trainer":
         for v in versions:
-            shards = {n: torch.from_numpy(mc.scatter(llama_full(n, tuple(s.shape), v),
-                                                     s.layout)[rank])
-                      for n, s in specs.items() if s.layout.region(rank, s.shape) is not None}
-            report["received"].append(sync.push(shards, version=v).version)
+            report["received"].append(sync.push(llama_shards(specs, rank, v), version=v).version)
     else:
         report.update(receive_versions(sync, specs, rank, versions,
                                        lambda got, v: _bytes_equal(got, specs, rank, v)))

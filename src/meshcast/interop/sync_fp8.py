@@ -130,7 +130,7 @@ def plan_fp8(routes: Sequence[Route], engine: Mapping[str, dict], offset: int,
 
 def combine(fp8: Sequence[Fp8Route], shards: Mapping[int, torch.Tensor | None],
             group: JointGroup, timeout: float,
-            ) -> tuple[dict[int, torch.Tensor], dict[str, torch.Tensor]]:
+            ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
     """This rank's part of the sync's one ``amax`` exchange: ``shards`` (trainer ranks: route
     index -> the local shard, None where missing) give the partials. Returns the whole ``amax``
     of this rank's touched blocks per route index, and its scales per route index (the
