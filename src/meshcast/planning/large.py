@@ -22,7 +22,7 @@ from ..core.task import ReshardTask
 from ..core.topology import Topology
 from .dispatch import first_fit_rounds
 from .items import Nets
-from .phased import complete_bipartite, phased_sends
+from .phased import bipartite_components, phased_sends
 
 __all__ = ["LargePlans", "large_plan", "sends_rounds_time", "unshared_nics"]
 
@@ -100,19 +100,16 @@ def _rounds_time(
 def _rounds(senders: list[int], remotes: list[tuple[int, ...]]) -> np.ndarray:
     """A round per operation such that the operations of one round share no rank.
 
-    Every sender sends once to every receiver (a complete bipartite graph, no rank on both
-    sides): the Latin square ``(i + j) mod K`` (sender ``i``, receiver ``j`` in order of rank,
-    ``K`` = the larger count), ``K`` rounds: as few as the busiest rank needs. Otherwise a
-    greedy colouring: each operation into the first round in which none of its ranks is busy
-    (bit masks per rank).
+    Where the sends form complete bipartite graphs (:func:`~.phased.bipartite_components`: an
+    all-to-all, or disjoint groups of ranks that exchange all-to-all), a Latin square in each:
+    as few rounds as the busiest rank needs. Otherwise a greedy colouring: each operation into
+    the first round in which none of its ranks is busy (bit masks per rank).
     """
-    n = len(senders)
-    graph = complete_bipartite(senders, remotes)
-    if graph is not None:
-        s_ranks, r_ranks, i, j, nth, k = graph
-        return (i + j) % max(len(s_ranks), len(r_ranks)) * k + nth
+    components = bipartite_components(senders, remotes)
+    if components is not None:
+        return components.latin_rounds()
     resources = [(sender, *remote) for sender, remote in zip(senders, remotes)]
-    return np.array(first_fit_rounds(resources, range(n)), dtype=np.int64)
+    return np.array(first_fit_rounds(resources, range(len(senders))), dtype=np.int64)
 
 
 class _LargeSends(NamedTuple):

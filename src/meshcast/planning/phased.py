@@ -19,7 +19,10 @@ from ..core.ops import Op, Send
 from ..core.topology import Topology
 from ..core.units import GBIT
 
-__all__ = ["Bipartite", "Phased", "complete_bipartite", "epoch_cuts", "phase_model", "phased_sends"]
+__all__ = [
+    "Bipartite", "Components", "Phased", "bipartite_components", "epoch_cuts", "phase_model",
+    "phased_sends",
+]
 
 
 class Bipartite(NamedTuple):
@@ -35,26 +38,114 @@ class Bipartite(NamedTuple):
     k: int
 
 
-def complete_bipartite(senders: list[int], remotes: list[tuple[int, ...]]) -> Bipartite | None:
-    """The :class:`Bipartite` form of sends ``senders[x] -> remotes[x]`` (one receiver each),
-    None where they are not such a graph. ``k > 1`` where each rank holds ``k`` boxes of every
-    pair's data (a strided or fused layout, docs/concepts.md)."""
+class Components(NamedTuple):
+    """Sends that fall into disjoint complete bipartite graphs, each with its own multiplicity:
+    the connected components of the graph of sends (ranks as nodes), in each of which every
+    sender sends to every receiver the same number of times, no rank on both sides. Per send:
+    its ``block``, its sender's and receiver's index among the block's senders and receivers
+    (rank order) and its place among its pair's sends; per block: how many senders and
+    receivers it has and its multiplicity ``k``. A one-box all-to-all is one block; the k-box
+    shuffles of strided layouts (``S01[k]R -> S01R``) are one block per group of ranks that
+    exchange (docs/concepts.md, "Shards of several boxes: cost")."""
+
+    senders: np.ndarray
+    receivers: np.ndarray
+    block: np.ndarray
+    i: np.ndarray
+    j: np.ndarray
+    nth: np.ndarray
+    n_senders: np.ndarray
+    n_receivers: np.ndarray
+    k: np.ndarray
+
+    def latin_rounds(self) -> np.ndarray:
+        """A round per send such that the sends of one round share no rank, as few as the
+        busiest rank needs: in each block the Latin square ``(i + j) mod K`` (``K`` the larger
+        side), a pair's ``k`` sends in ``k`` consecutive rounds."""
+        b = self.block
+        return ((self.i + self.j) % np.maximum(self.n_senders, self.n_receivers)[b]
+                * self.k[b] + self.nth)
+
+    def split(self) -> list[tuple[np.ndarray, Bipartite]]:
+        """Per block: the indices of its sends (in the given order) and its :class:`Bipartite`
+        form."""
+        by_block = np.argsort(self.block, kind="stable")
+        cuts = np.flatnonzero(np.diff(self.block[by_block])) + 1
+        out = []
+        for sub in np.split(by_block, cuts):
+            b = int(self.block[sub[0]])
+            s_ranks = np.empty(int(self.n_senders[b]), dtype=np.int64)
+            r_ranks = np.empty(int(self.n_receivers[b]), dtype=np.int64)
+            s_ranks[self.i[sub]], r_ranks[self.j[sub]] = self.senders[sub], self.receivers[sub]
+            out.append((sub, Bipartite(s_ranks, r_ranks, self.i[sub], self.j[sub],
+                                       self.nth[sub], int(self.k[b]))))
+        return out
+
+
+def bipartite_components(senders: list[int], remotes: list[tuple[int, ...]]) -> Components | None:
+    """The :class:`Components` of sends ``senders[x] -> remotes[x]`` (one receiver each), None where
+    they are not such graphs (a rank on both sides, or a component in which some sender does
+    not send to some receiver as often as to the others). Vectorised: linear in sends."""
     n = len(senders)
     if not n or any(len(r) != 1 for r in remotes):
         return None
-    s_ranks, i = np.unique(np.array(senders, dtype=np.int64), return_inverse=True)
-    r_ranks, j = np.unique(np.array([r[0] for r in remotes], dtype=np.int64), return_inverse=True)
+    snd = np.array(senders, dtype=np.int64)
+    rcv = np.array([r[0] for r in remotes], dtype=np.int64)
+    s_ranks, gi = np.unique(snd, return_inverse=True)
+    r_ranks, gj = np.unique(rcv, return_inverse=True)
     if np.intersect1d(s_ranks, r_ranks).size:
         return None
-    pairs = len(s_ranks) * len(r_ranks)
-    pair = i.ravel() * len(r_ranks) + j.ravel()
-    k = n // pairs
-    if n != k * pairs or (np.bincount(pair, minlength=pairs) != k).any():
+    gi, gj = gi.ravel(), gj.ravel()
+    ns, nr = len(s_ranks), len(r_ranks)
+    components = _components(gi, gj, ns, nr)
+    if components is None:
+        return None
+    s_block, r_block = components
+    n_senders, n_receivers = np.bincount(s_block), np.bincount(r_block)
+    block = s_block[gi]
+    pair = gi * nr + gj
+    pairs, per_pair = np.unique(pair, return_counts=True)
+    pair_block = s_block[pairs // nr]
+    complete = n_senders * n_receivers
+    k = np.bincount(block) // complete
+    if ((np.bincount(pair_block, minlength=len(complete)) != complete).any()
+            or (per_pair != k[pair_block]).any()):
         return None
     by_pair = np.argsort(pair, kind="stable")
     nth = np.empty(n, dtype=np.int64)
     nth[by_pair] = np.arange(n) - np.searchsorted(pair[by_pair], pair[by_pair], side="left")
-    return Bipartite(s_ranks, r_ranks, i.ravel(), j.ravel(), nth, k)
+    return Components(snd, rcv, block, _index_in_component(s_block)[gi],
+                      _index_in_component(r_block)[gj], nth, n_senders, n_receivers, k)
+
+
+def _components(gi: np.ndarray, gj: np.ndarray, ns: int, nr: int
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The connected components of the bipartite graph of edges ``gi[x] -- gj[x]`` (``ns``
+    senders, ``nr`` receivers, every one on an edge) as dense labels per sender and per receiver,
+    by propagating the least sender index; None where that takes more than three passes (a
+    complete bipartite component settles in two: its least sender reaches every receiver, which
+    reach every sender).
+    """
+    s_label = np.arange(ns, dtype=np.int64)
+    for _ in range(3):
+        r_label = np.full(nr, ns, dtype=np.int64)
+        np.minimum.at(r_label, gj, s_label[gi])
+        settled = np.full(ns, ns, dtype=np.int64)
+        np.minimum.at(settled, gi, r_label[gj])
+        if (settled == s_label).all():
+            _, dense = np.unique(s_label, return_inverse=True)
+            return dense.ravel(), dense.ravel()[r_label]
+        s_label = settled
+    return None
+
+
+def _index_in_component(block_of: np.ndarray) -> np.ndarray:
+    """Per rank of one side (in rank order): its index among its block's ranks of that side."""
+    order = np.argsort(block_of, kind="stable")
+    index = np.empty(len(block_of), dtype=np.int64)
+    index[order] = np.arange(len(order)) - np.searchsorted(block_of[order], block_of[order],
+                                                           side="left")
+    return index
 
 
 class Phased(NamedTuple):
@@ -109,9 +200,39 @@ def phased_sends(
     nbytes: np.ndarray,
     topology: Topology,
 ) -> Phased | None:
-    """Sends of a complete bipartite graph (every sender once to every receiver) in the phased
-    order, for NICs that all serve the same number (two or more) of senders and of receivers,
-    or, where the two sides' NICs differ, an even number each; None otherwise.
+    """Sends that form complete bipartite graphs (:func:`bipartite_components`) in the phased
+    order, each component on its own (:func:`_phased_component`), one component after another
+    in the plan (they share no rank); None where the order does not apply to every component.
+    The gain is the least of the components' where no NIC serves two of them (the time is then
+    the slowest component's), else None."""
+    components = bipartite_components(senders, remotes)
+    if components is None:
+        return None
+    nic, _ = topology.global_nics()
+    n = len(senders)
+    epoch, cuts = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    orders, gains, nics = [], [], []
+    for sub, graph in components.split():
+        one = _phased_component(graph, nbytes[sub], topology, nic)
+        if one is None:
+            return None
+        order, epoch[sub], cuts[sub], gain = one
+        orders.append(sub[order])
+        gains.append(gain)
+        nics.append(np.unique([nic[r] for r in (*graph.s_ranks.tolist(), *graph.r_ranks.tolist())]))
+    shared = len(np.unique(np.concatenate(nics))) < sum(len(x) for x in nics)
+    gain = None if shared or None in gains else min(gains)
+    return Phased(_with_lead_pieces(np.concatenate(orders), senders, remotes, boxes, cuts, epoch),
+                  gain)
+
+
+def _phased_component(graph: Bipartite, nbytes: np.ndarray, topology: Topology, nic: list[int]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None] | None:
+    """The phased order of one complete bipartite graph (every sender ``k`` times to every
+    receiver), for NICs that all serve the same number (two or more) of its senders and of its
+    receivers, or, where the two sides' NICs differ, an even number each; None otherwise:
+    the order of its sends, each send's epoch and lead pieces (:func:`epoch_cuts`), and the
+    modelled gain (:class:`Phased`).
 
     The ranks of each NIC are cut into ``g`` groups (:func:`phase_model`, consecutive in rank
     order) and the pairs into ``g`` epochs: in epoch ``e`` sender group ``a`` sends to receiver
@@ -124,11 +245,7 @@ def phased_sends(
     others pay their start-ups. Where the NICs of the two sides serve different numbers of
     ranks, ``g = 2`` and each block is one Latin square over its ranks.
     """
-    graph = complete_bipartite(senders, remotes)
-    if graph is None:
-        return None
     s_ranks, r_ranks, i, j, nth, k = graph
-    nic, _ = topology.global_nics()
     s_nic, r_nic = (np.array([nic[r] for r in x.tolist()], dtype=np.int64)
                     for x in (s_ranks, r_ranks))
     s_count, r_count = np.bincount(s_nic)[s_nic], np.bincount(r_nic)[r_nic]
@@ -156,9 +273,8 @@ def phased_sends(
         n_s, n_r = np.bincount(s_group, minlength=g), np.bincount(r_group, minlength=g)
         rounds = (r_index[j] - s_index[i]) % np.maximum(n_s[gs], n_r[gr])
     rounds = rounds * k + nth  # a pair's k sends in k consecutive rounds
-    order = np.lexsort((np.arange(len(senders)), gs, rounds, epoch))
-    cuts = epoch_cuts(g)[epoch, gs]
-    return Phased(_with_lead_pieces(order, senders, remotes, boxes, cuts, epoch), gain)
+    order = np.lexsort((np.arange(len(i)), gs, rounds, epoch))
+    return order, epoch, epoch_cuts(g)[epoch, gs], gain
 
 
 def epoch_cuts(g: int) -> np.ndarray:
