@@ -39,14 +39,14 @@ def _rel(box, shard_box):
     return tuple(slice(b.start - s.start, b.stop - s.start) for b, s in zip(box, shard_box))
 
 
-def _run_schedule(plans, xs):
+def _run_schedule(plans, xs, bucket_bytes=4096):
     srcs = [mc.scatter(x, p.task.src) for x, p in zip(xs, plans)]
     outs = [
         {r: np.zeros(box_shape(p.task.dst_box(r)), dtype=p.task.numpy_dtype)
          for r in p.task.dst.mesh.devices}
         for p in plans
     ]
-    sched = build_schedule(plans, 4096)
+    sched = build_schedule(plans, bucket_bytes)
     for k, r, box in sched.copies:
         t = plans[k].task
         outs[k][r][_rel(box, t.dst_box(r))] = srcs[k][r][_rel(box, t.src_box(r))]
@@ -104,6 +104,29 @@ def test_joint_planning_shares_source_nics():
     out_alone = sum(p.bytes_per_host()[0][0] for p in alone)
     assert out_alone == 8 * 64 * 32 * 4
     assert all(p.balance == "joint" and p.strategy == "broadcast" for p in joint)
+
+
+@pytest.mark.parametrize("bucket_bytes", [4096, 32768])
+def test_every_stage_host_sends_in_every_bucket(bucket_bytes):
+    """Two pipeline stages on hosts 0 and 1, each with a big first tensor (an embedding, a head)
+    and small ones after. Taken plan by plan, the first buckets held stage 0's big tensor alone
+    and host 1 idled; with the bound near one message per receiver, a bucket held one sender's.
+    In lanes by hosts (meshcast.planning.buckets), parts of an eighth of the bound at most, both
+    hosts send in every bucket, every rank stages within the bound, and the data stay exact."""
+    dst = mc.Layout(mc.Mesh.from_range(4, (2, 2)), "S0R")
+    tasks = []
+    for stage in range(2):
+        src = mc.Layout(mc.Mesh.from_range(2 * stage, (1, 2)), "RS1")
+        tasks += [mc.ReshardTask((256, 64), "float32", src, dst)]
+        tasks += [mc.ReshardTask((32, 64), "float32", src, dst) for _ in range(6)]
+    plans = plan_many(tasks, mc.Topology.uniform(4, 2), cache=False)
+    xs = [_global(t, k) for k, t in enumerate(tasks)]
+    outs, sched = _run_schedule(plans, xs, bucket_bytes)
+    for p, x, out in zip(plans, xs, outs):
+        assert mc.gather(out, p.task.dst).tobytes() == x.tobytes()
+    assert max(sched.staging.values()) <= bucket_bytes
+    for bucket in sched.buckets:
+        assert {s // 2 for phase in bucket for s, _ in phase.messages if s < 4} == {0, 1}
 
 
 def test_plan_cache_hits():

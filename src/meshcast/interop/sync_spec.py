@@ -30,8 +30,8 @@ from ..core.mesh import Mesh
 from ..core.names import Piece, Rule, map_weights
 from ..core.task import ReshardTask
 
-__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "interleave", "match_mapping",
-           "match_sides", "merge_side", "shift_layout"]
+__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "match_mapping", "match_sides",
+           "merge_side", "shift_layout"]
 
 NameMap = Mapping[str, str] | Callable[[str], str] | None
 """Trainer name -> engine name (None: the same names)."""
@@ -175,9 +175,10 @@ def match_sides(
     trainer: Mapping[str, dict], engine: Mapping[str, dict], engine_offset: int,
     name_map: NameMap = None,
 ) -> list[Route]:
-    """One :class:`Route` per engine tensor (in the engine's order, taken in turn by source mesh:
-    :func:`interleave`); every problem (an engine tensor nothing feeds, a trainer tensor that goes
-    nowhere, two feeding one, a shape that differs) in one ``ValueError`` listing them all."""
+    """One :class:`Route` per engine tensor, in the engine's order (the bucketed schedule keeps
+    every source host sending: meshcast.planning.lanes); every problem (an engine tensor nothing
+    feeds, a trainer tensor that goes nowhere, two feeding one, a shape that differs) in one
+    ``ValueError`` listing them all."""
     mapped = _map_names(list(trainer), name_map)
     fed: dict[str, list[str]] = {}
     for src, dst in mapped.items():
@@ -209,7 +210,7 @@ def match_sides(
     if problems:
         raise ValueError("the trainer's and the engine's parameters do not match: "
                          + "; ".join(problems))
-    return interleave(routes)
+    return routes
 
 
 def match_mapping(
@@ -217,8 +218,8 @@ def match_mapping(
     mapping: Mapping[str, Rule],
 ) -> list[Route]:
     """One :class:`Route` per piece of :func:`meshcast.map_weights` over the two sides'
-    descriptions (the engine's shifted to joint ranks), taken in turn by source mesh
-    (:func:`interleave`); every problem in one ``ValueError`` listing them all."""
+    descriptions (the engine's shifted to joint ranks); every problem in one ``ValueError``
+    listing them all."""
     def specs(side: Mapping[str, dict], offset: int) -> dict[str, tuple]:
         return {n: (tuple(e["shape"]), e["dtype"],
                     shift_layout(Layout.from_json(e["layout"]), offset))
@@ -229,18 +230,7 @@ def match_mapping(
     except ValueError as exc:
         raise ValueError(f"the trainer's and the engine's parameters do not match: {exc}") \
             from None
-    return interleave([Route(p.trainer, p.engine, p.task, p) for p in pieces])
-
-
-def interleave(routes: list[Route]) -> list[Route]:
-    """``routes`` taken in turn from each source mesh (in order of first appearance; each mesh's
-    own order kept), so that every bucket of the sync holds tensors of every pipeline stage and
-    all the trainer's hosts send at once, rather than stage after stage."""
-    by_mesh: dict[tuple[int, ...], list[Route]] = {}
-    for r in routes:
-        by_mesh.setdefault(tuple(r.task.src.mesh.devices), []).append(r)
-    queues = list(by_mesh.values())
-    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+    return [Route(p.trainer, p.engine, p.task, p) for p in pieces]
 
 
 def _names(names: list[str], mapped: Mapping[str, str]) -> str:

@@ -27,13 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..core.boxes import Box, box_size, boxes_overlap, split_box
+from ..core.boxes import Box, box_size, boxes_overlap
 from ..core.cache import BoundedCache
 from ..core.job import topology_for_meshes
-from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send, broadcast_chain
+from ..core.plan import Broadcast, Copy, Op, Plan, Send
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
 from ..core.units import GBIT
+from .buckets import Xfer, cut_buckets
 from .planner import PLAN_CACHE
 from .planner import plan as plan_one
 
@@ -273,111 +274,27 @@ class Schedule:
         return [(t, b) for t, r, b in self.copies if r == rank]
 
 
-class _Xfer(NamedTuple):
-    src: int
-    dst: int
-    tensor: int
-    box: Box
-    from_out: bool
-
-
-def _expand(op: Op, host_of: dict[int, int]) -> list[_Xfer]:
-    """Point-to-point movements of one operation (tensor index filled in later as -1)."""
-    if isinstance(op, Send):
-        return [_Xfer(op.src, op.dst, -1, op.box, False)]
-    if isinstance(op, Broadcast):
-        out, prev = [], None
-        for leader, members in broadcast_chain(op, host_of):
-            if prev is not None:
-                out.append(_Xfer(prev, leader, -1, op.box, prev != op.src))
-            out.extend(_Xfer(leader, r, -1, op.box, leader != op.src) for r in members)
-            prev = leader
-        return out
-    if isinstance(op, AllGather):
-        return [
-            _Xfer(i, j, -1, part, True)
-            for i, part in zip(op.group, op.parts)
-            for j in op.group
-            if j != i
-        ]
-    raise TypeError(f"plan has an operation of unknown type {type(op).__name__}")
-
-
-def _split_for_bucket(box: Box, k: int) -> tuple[Box, ...]:
-    """``box`` in ``k`` parts, fewer where the box is shorter than ``k``."""
-    longest = max(s.stop - s.start for s in box)
-    return split_box(box, max(1, min(k, longest))) or (box,)
-
-
-def _staging(xfers: list[_Xfer], itemsize: int) -> dict[int, int]:
-    out: dict[int, int] = defaultdict(int)
-    for x in xfers:
-        n = box_size(x.box) * itemsize
-        out[x.src] += n
-        out[x.dst] += n
-    return out
-
-
 def build_schedule(plans: Sequence[Plan], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Schedule:
     """Cut the operations of ``plans`` (tensor ``k`` = ``plans[k]``) into buckets and phases.
 
-    Operations are taken in order (plan by plan, then plan order). A bucket closes before an
-    operation that would make some rank stage more than ``bucket_bytes``; an operation that alone
-    exceeds it is cut into parts along its box's longest dimension (all-gathers are never cut).
+    The buckets (:mod:`.buckets`) keep every rank's staged bytes within ``bucket_bytes``, each
+    filled from lanes of operations by the hosts they connect, so that every host keeps sending;
+    an operation that alone exceeds the bound is cut into parts (all-gathers are never cut).
     Cached per list of plan objects (:data:`SCHEDULES`).
     """
     key = (tuple(id(p) for p in plans), int(bucket_bytes))
     hit = SCHEDULES.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], plans)):
         return hit[1]
-    copies, buckets, staging, ranks = _buckets(plans, bucket_bytes)
+    copies, buckets, staging = cut_buckets(plans, bucket_bytes)
     phased = [_phases(xfers, plans) for xfers in buckets if xfers]
-    schedule = Schedule(
-        tuple(copies), tuple(phased), dict(staging), tuple(sorted(ranks)), int(bucket_bytes)
-    )
+    ranks = sorted({r for p in plans for r in p.ranks})
+    schedule = Schedule(tuple(copies), tuple(phased), staging, tuple(ranks), int(bucket_bytes))
     SCHEDULES.put(key, (tuple(plans), schedule))
     return schedule
 
 
-def _buckets(plans: Sequence[Plan], bucket_bytes: int):
-    """The copies, and the point-to-point movements of every operation in buckets of at most
-    ``bucket_bytes`` staged per rank (module doc); the most each rank stages in one bucket; every
-    rank of the plans."""
-    copies: list[tuple[int, int, Box]] = []
-    buckets: list[list[_Xfer]] = [[]]
-    load: dict[int, int] = defaultdict(int)
-    staging: dict[int, int] = defaultdict(int)
-    ranks: set[int] = set()
-    for k, p in enumerate(plans):
-        host_of = p.topology.hosts_by_rank
-        itemsize = p.task.itemsize
-        ranks.update(p.ranks)
-        for op in p.ops:
-            if isinstance(op, Copy):
-                copies.append((k, op.rank, op.box))
-                continue
-            xfers = [x._replace(tensor=k) for x in _expand(op, host_of)]
-            worst = max(_staging(xfers, itemsize).values(), default=0)
-            pieces = [xfers]
-            if worst > bucket_bytes and not isinstance(op, AllGather):
-                parts = _split_for_bucket(op.box, -(-worst // bucket_bytes))
-                pieces = [[x._replace(box=part) for x in xfers] for part in parts]
-            for piece in pieces:
-                need = _staging(piece, itemsize)
-                if buckets[-1] and any(load[r] + n > bucket_bytes for r, n in need.items()):
-                    for r, n in load.items():
-                        staging[r] = max(staging[r], n)
-                    buckets.append([])
-                    load.clear()
-                buckets[-1].extend(piece)
-                for r, n in need.items():
-                    load[r] += n
-    for r, n in load.items():
-        staging[r] = max(staging[r], n)
-    return copies, buckets, staging, ranks
-
-
-def _phases(xfers: list[_Xfer], plans: Sequence[Plan]) -> tuple[Phase, ...]:
+def _phases(xfers: list[Xfer], plans: Sequence[Plan]) -> tuple[Phase, ...]:
     """The phases of one bucket: a movement that forwards a box its sender received in this
     bucket goes in a later phase than the one delivering it."""
     writes: dict[tuple[int, int], list[tuple[Box, int]]] = defaultdict(list)
