@@ -261,5 +261,5 @@ def test_bipartite_components_of_random_groups(groups, rnd, extra):
         ranks = [x for (a, b), s in zip(sends, slot) if s == r for x in (a, b)]
         assert len(ranks) == len(set(ranks))
     for b in range(len(found.k)):
-        mine = slot[found.block == b]
+        mine = slot[found.component == b]
         assert len(np.unique(mine)) == found.k[b] * max(found.n_senders[b], found.n_receivers[b])

@@ -10,6 +10,7 @@ turns on the NIC (:func:`phased_sends`); ``g`` comes from a closed-form cost mod
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -42,15 +43,15 @@ class Components(NamedTuple):
     """Sends that fall into disjoint complete bipartite graphs, each with its own multiplicity:
     the connected components of the graph of sends (ranks as nodes), in each of which every
     sender sends to every receiver the same number of times, no rank on both sides. Per send:
-    its ``block``, its sender's and receiver's index among the block's senders and receivers
-    (rank order) and its place among its pair's sends; per block: how many senders and
-    receivers it has and its multiplicity ``k``. A one-box all-to-all is one block; the k-box
-    shuffles of strided layouts (``S01[k]R -> S01R``) are one block per group of ranks that
-    exchange (docs/concepts.md, "Shards of several boxes: cost")."""
+    its ``component``, its sender's and receiver's index among the component's senders and
+    receivers (rank order) and its place among its pair's sends; per component: how many
+    senders and receivers it has and its multiplicity ``k``. A one-box all-to-all is one
+    component; the k-box shuffles of strided layouts (``S01[k]R -> S01R``) are one per group of
+    ranks that exchange (docs/concepts.md, "Shards of several boxes: cost")."""
 
     senders: np.ndarray
     receivers: np.ndarray
-    block: np.ndarray
+    component: np.ndarray
     i: np.ndarray
     j: np.ndarray
     nth: np.ndarray
@@ -60,26 +61,24 @@ class Components(NamedTuple):
 
     def latin_rounds(self) -> np.ndarray:
         """A round per send such that the sends of one round share no rank, as few as the
-        busiest rank needs: in each block the Latin square ``(i + j) mod K`` (``K`` the larger
+        busiest rank needs: in each component the Latin square ``(i + j) mod K`` (``K`` the larger
         side), a pair's ``k`` sends in ``k`` consecutive rounds."""
-        b = self.block
+        b = self.component
         return ((self.i + self.j) % np.maximum(self.n_senders, self.n_receivers)[b]
                 * self.k[b] + self.nth)
 
-    def split(self) -> list[tuple[np.ndarray, Bipartite]]:
-        """Per block: the indices of its sends (in the given order) and its :class:`Bipartite`
-        form."""
-        by_block = np.argsort(self.block, kind="stable")
-        cuts = np.flatnonzero(np.diff(self.block[by_block])) + 1
-        out = []
-        for sub in np.split(by_block, cuts):
-            b = int(self.block[sub[0]])
+    def split(self) -> Iterator[tuple[np.ndarray, Bipartite]]:
+        """Per component, in turn: the indices of its sends (in the given order) and its
+        :class:`Bipartite` form."""
+        by_component = np.argsort(self.component, kind="stable")
+        cuts = np.flatnonzero(np.diff(self.component[by_component])) + 1
+        for sub in np.split(by_component, cuts):
+            b = int(self.component[sub[0]])
             s_ranks = np.empty(int(self.n_senders[b]), dtype=np.int64)
             r_ranks = np.empty(int(self.n_receivers[b]), dtype=np.int64)
             s_ranks[self.i[sub]], r_ranks[self.j[sub]] = self.senders[sub], self.receivers[sub]
-            out.append((sub, Bipartite(s_ranks, r_ranks, self.i[sub], self.j[sub],
-                                       self.nth[sub], int(self.k[b]))))
-        return out
+            yield sub, Bipartite(s_ranks, r_ranks, self.i[sub], self.j[sub], self.nth[sub],
+                                 int(self.k[b]))
 
 
 def bipartite_components(senders: list[int], remotes: list[tuple[int, ...]]) -> Components | None:
@@ -100,22 +99,21 @@ def bipartite_components(senders: list[int], remotes: list[tuple[int, ...]]) -> 
     components = _components(gi, gj, ns, nr)
     if components is None:
         return None
-    s_block, r_block = components
-    n_senders, n_receivers = np.bincount(s_block), np.bincount(r_block)
-    block = s_block[gi]
+    s_comp, r_comp = components
+    n_senders, n_receivers = np.bincount(s_comp), np.bincount(r_comp)
     pair = gi * nr + gj
     pairs, per_pair = np.unique(pair, return_counts=True)
-    pair_block = s_block[pairs // nr]
+    pair_comp = s_comp[pairs // nr]
     complete = n_senders * n_receivers
-    k = np.bincount(block) // complete
-    if ((np.bincount(pair_block, minlength=len(complete)) != complete).any()
-            or (per_pair != k[pair_block]).any()):
+    k = np.bincount(s_comp[gi]) // complete
+    if ((np.bincount(pair_comp, minlength=len(complete)) != complete).any()
+            or (per_pair != k[pair_comp]).any()):
         return None
     by_pair = np.argsort(pair, kind="stable")
     nth = np.empty(n, dtype=np.int64)
     nth[by_pair] = np.arange(n) - np.searchsorted(pair[by_pair], pair[by_pair], side="left")
-    return Components(snd, rcv, block, _index_in_component(s_block)[gi],
-                      _index_in_component(r_block)[gj], nth, n_senders, n_receivers, k)
+    return Components(snd, rcv, s_comp[gi], _index_in_component(s_comp)[gi],
+                      _index_in_component(r_comp)[gj], nth, n_senders, n_receivers, k)
 
 
 def _components(gi: np.ndarray, gj: np.ndarray, ns: int, nr: int
@@ -139,12 +137,12 @@ def _components(gi: np.ndarray, gj: np.ndarray, ns: int, nr: int
     return None
 
 
-def _index_in_component(block_of: np.ndarray) -> np.ndarray:
-    """Per rank of one side (in rank order): its index among its block's ranks of that side."""
-    order = np.argsort(block_of, kind="stable")
-    index = np.empty(len(block_of), dtype=np.int64)
-    index[order] = np.arange(len(order)) - np.searchsorted(block_of[order], block_of[order],
-                                                           side="left")
+def _index_in_component(comp: np.ndarray) -> np.ndarray:
+    """Per rank of one side (in rank order, ``comp`` its component): its index among its
+    component's ranks of that side."""
+    order = np.argsort(comp, kind="stable")
+    index = np.empty(len(comp), dtype=np.int64)
+    index[order] = np.arange(len(order)) - np.searchsorted(comp[order], comp[order], side="left")
     return index
 
 
