@@ -176,7 +176,7 @@ def match_sides(
     name_map: NameMap = None,
 ) -> list[Route]:
     """One :class:`Route` per engine tensor, in the engine's order (the bucketed schedule keeps
-    every source host sending: meshcast.planning.lanes); every problem (an engine tensor nothing
+    every source host sending: meshcast.planning.buckets); every problem (an engine tensor nothing
     feeds, a trainer tensor that goes nowhere, two feeding one, a shape that differs) in one
     ``ValueError`` listing them all."""
     mapped = _map_names(list(trainer), name_map)
