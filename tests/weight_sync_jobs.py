@@ -319,7 +319,6 @@ def fused(rank: int, address: str, role: str, versions: list[int]) -> dict:
     """One side of the fused sync: a mapping that leaves out ``lm_head`` (one error on both
     sides), then ``llama_mapping``: the trainer pushes ``versions``; the engine receives them
     in place (the last into fresh tensors) and checks every byte; the report."""
-
     mapping = mc.llama_mapping(2, num_experts=2, moe_layers=[1])
     specs = llama_specs(role)
     group = mc.connect(address, role, model="llama-test", timeout=60)

@@ -88,15 +88,15 @@ def _pieces(op: Op, k: int, plan: Plan, bucket_bytes: int) -> list[_Piece]:
     the bound it may take (:data:`PIECES_PER_BUCKET`)."""
     itemsize = plan.task.itemsize
     xfers = _expand(op, k, plan.topology.hosts_by_rank)
-    worst = max(_staging(xfers, itemsize).values(), default=0)
+    need = _staging(xfers, itemsize)
+    worst = max(need.values(), default=0)
     cap = max(1, bucket_bytes // PIECES_PER_BUCKET)
-    boxes = [op.box]
-    if worst > cap and not isinstance(op, AllGather):
-        longest = max(s.stop - s.start for s in op.box)
-        boxes = list(split_box(op.box, max(1, min(-(-worst // cap), longest))) or (op.box,))
+    if worst <= cap or isinstance(op, AllGather):
+        return [_Piece(xfers, need, box_size(op.box) * itemsize)]
+    longest = max(s.stop - s.start for s in op.box)
     out = []
-    for box in boxes:
-        part = xfers if box is op.box else [x._replace(box=box) for x in xfers]
+    for box in split_box(op.box, max(1, min(-(-worst // cap), longest))) or (op.box,):
+        part = [x._replace(box=box) for x in xfers]
         out.append(_Piece(part, _staging(part, itemsize), box_size(box) * itemsize))
     return out
 
