@@ -9,6 +9,10 @@ One :func:`meshcast.launch` job of 4 local ranks, all on one host (no cluster, n
   the host);
 * ``send1``: the same tensor from rank 0 to rank 1 (a ``Send`` inside the host);
 
+* ``many``: ``reshard_many`` of 8 tensors of --mib/8 MiB (int32, rows of 1024) from ranks 0-1
+  (split by rows) to ranks 2-3 (split by columns): whole packed messages between ranks of the
+  host, through segments (runtime/shm_messages.py) or sockets;
+
 each with a new result tensor per call and with ``out=`` (the result written in place into a
 buffer the rank keeps), each run alternating ``MESHCAST_INTRA=shm`` and ``socket`` so that both
 paths see the same machine. Prints, per configuration, the median over --reps (after one
@@ -57,7 +61,39 @@ def _job(rank: int, n: int, reps: int) -> dict:
                     if got is not None and not torch.equal(got, full):
                         raise AssertionError(f"rank {rank}: wrong data ({name}, {mode})")
                     res.setdefault(f"{name} {'out=' if inplace else 'new'} {mode}", []).append(rec)
+    _many(rank, n, reps, res)
     return res
+
+
+def _many(rank: int, n: int, reps: int, res: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import meshcast
+    from meshcast import Layout, Mesh, ReshardTask, Topology
+
+    shape = (max(2, n // 8 // 1024), 1024)
+    tasks = [ReshardTask(shape, "int32", Layout(Mesh([[0, 1]]), "S0R"),
+                         Layout(Mesh([[2, 3]]), "RS0")) for _ in range(8)]
+    plans = [meshcast.plan(t, Topology.uniform(1, 4)) for t in tasks]
+    fulls = [torch.arange(shape[0] * shape[1], dtype=torch.int32).view(shape) + k
+             for k in range(8)]
+    srcs = [None if t.src_box(rank) is None else f[t.src_box(rank)].clone()
+            for t, f in zip(tasks, fulls)]
+    keep = [None if t.dst_box(rank) is None else torch.empty_like(f[t.dst_box(rank)])
+            for t, f in zip(tasks, fulls)]
+    for inplace in (False, True):
+        for _ in range(reps + 1):
+            for mode in ("shm", "socket"):
+                os.environ["MESHCAST_INTRA"] = mode
+                dist.barrier()
+                c, t = _cpu(), time.monotonic()
+                got = meshcast.reshard_many(srcs, plans, out=keep if inplace else None)
+                rec = (time.monotonic() - t, _cpu() - c)
+                for g, task, f in zip(got, tasks, fulls):
+                    if g is not None and not torch.equal(g, f[task.dst_box(rank)]):
+                        raise AssertionError(f"rank {rank}: wrong data (many, {mode})")
+                res.setdefault(f"many {'out=' if inplace else 'new'} {mode}", []).append(rec)
 
 
 def main() -> None:

@@ -126,10 +126,54 @@ def _refusals(rank: int) -> dict:
     return report
 
 
+MANY = [  # reshard_many: messages inside host 0, inside host 1 and across
+    ((24, 20), "S0R", "RS0", SRC, Mesh([[3, 2], [1, 0]])),
+    ((24, 20), "RS0", "S1R", Mesh([[4, 5], [6, 7]]), Mesh([[7, 6], [5, 4]])),
+    ((30, 7), "S0S1", "RR", SRC, DST),
+    ((9, 40), "RS0", "S0S1", Mesh([[0, 4], [2, 6]]), Mesh([[5, 1], [7, 3]])),
+]
+
+
+def _many_runs(rank: int) -> dict:
+    """reshard_many through segments and sockets (strided ``out`` given for the last tensor), and
+    a mixed setting refused."""
+    from meshcast.runtime.many import last_many_stats
+
+    tasks = [ReshardTask(shape, "int32", Layout(sm, s), Layout(dm, d))
+             for shape, s, d, sm, dm in MANY]
+    plans = [meshcast.plan(t, TOPOLOGY) for t in tasks]
+    fulls = [_full(t.shape) + 1000 * k for k, t in enumerate(tasks)]
+    ins = [None if t.src_box(rank) is None else f[t.src_box(rank)].clone()
+           for t, f in zip(tasks, fulls)]
+    report: dict = {}
+    for mode in ("shm", "socket"):
+        os.environ["MESHCAST_INTRA"] = mode
+        box = tasks[-1].dst_box(rank)
+        out = None if box is None else torch.zeros(
+            (*fulls[-1][box].shape, 2), dtype=torch.int32)[..., 0]
+        got = meshcast.reshard_many(ins, plans, bucket_bytes=256, out=[None] * 3 + [out],
+                                    timeout=60)
+        exact = all(g is None if t.dst_box(rank) is None else torch.equal(g, f[t.dst_box(rank)])
+                    for g, t, f in zip(got, tasks, fulls))
+        report[mode] = [exact, got[-1] is out, last_many_stats().shm_messages]
+    schedule = meshcast.build_schedule(plans, 256)
+    report["inside"] = sum(TOPOLOGY.host_of(peer) == TOPOLOGY.host_of(rank)
+                           for bucket in schedule.buckets for phase in bucket
+                           for peer, _ in phase.sends_of(rank))
+    os.environ["MESHCAST_INTRA"] = "socket" if rank == 3 else "shm"
+    try:
+        meshcast.reshard_many(ins, plans, timeout=60)
+        report["mixed"] = "no error"
+    except ValueError as exc:
+        report["mixed"] = str(exc)
+    os.environ.pop("MESHCAST_INTRA")
+    return report
+
+
 def _job(rank: int) -> dict:
     counts = _count_shm()
     report = {"runs": _exact_runs(rank, counts), "in_place": _in_place(rank),
-              "refusals": _refusals(rank)}
+              "refusals": _refusals(rank), "many": _many_runs(rank)}
     report["kept"] = _segments_mapped() > 0 if rank in (4, 5, 6, 7) else None
     meshcast.clear_caches(["runtime.shm_segments", "runtime.shm_mappings"])
     report["mapped"] = _segments_mapped()
@@ -174,6 +218,17 @@ def test_a_bad_or_mixed_intra_setting_is_refused_on_every_rank(job: list[dict]) 
             assert "ranks [2] passed intra='bogus'" in r["refusals"]["bad"], r["refusals"]["bad"]
         assert "intra" in r["refusals"]["mixed"] and "6" in r["refusals"]["mixed"], \
             r["refusals"]["mixed"]
+
+
+def test_reshard_many_is_exact_through_segments_and_sockets(job: list[dict]) -> None:
+    assert [r["many"]["shm"][:2] for r in job] == [[True, True]] * 8
+    assert [r["many"]["socket"] for r in job] == [[True, True, 0]] * 8
+    # every message between ranks of one host went through a segment
+    assert [r["many"]["shm"][2] for r in job] == [r["many"]["inside"] for r in job]
+    assert sum(r["many"]["inside"] for r in job[:4]) > 0 and sum(
+        r["many"]["inside"] for r in job[4:]) > 0
+    for r in job:
+        assert "intra" in r["many"]["mixed"] and "3" in r["many"]["mixed"], r["many"]["mixed"]
 
 
 # -- a rank dies while its host's receivers read its segment -----------------------------------
@@ -233,6 +288,53 @@ def test_a_rank_dying_mid_fan_out_leaves_no_segment(tmp_path: Path, victim: int)
         assert r["mapped"] == 0 and r["threads"] == []
         assert r["seconds"] < 15
     assert not [f for f in os.listdir("/dev/shm") if "meshcast" in f]
+
+
+def _dies_mid_many(rank: int, victim: int, out_dir: str) -> str:
+    """reshard_many of 1 MiB from rank 4 to its host-mates in 16 buckets: rank 4 dies posting its
+    5th message through a segment, or rank 6 reading its 2nd."""
+    from meshcast.runtime import shm_messages
+
+    if rank == victim:
+        name = "send" if rank == 4 else "read"
+        real, seen = getattr(shm_messages.ShmMessages, name), [0]
+
+        def dying(self, *args):
+            seen[0] += 1
+            if seen[0] == (5 if rank == 4 else 2):
+                os._exit(3)
+            return real(self, *args)
+
+        setattr(shm_messages.ShmMessages, name, dying)
+    os.environ["MESHCAST_INTRA"] = "shm"
+    task = ReshardTask((1 << 18,), "int32", Layout(Mesh([[4]]), "R"), Layout(DST, "R"))
+    local = torch.ones(1 << 18, dtype=torch.int32) if rank == 4 else None
+    start = time.monotonic()
+    try:
+        meshcast.reshard_many([local], [meshcast.plan(task, TOPOLOGY)], bucket_bytes=64 << 10,
+                              timeout=20)
+        result: dict = {"ok": True}
+    except meshcast.ReshardError as exc:
+        result = {"ok": False, "error": str(exc), "failed": list(exc.failed)}
+    result["seconds"] = time.monotonic() - start
+    result["mapped"] = _segments_mapped()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    return "done"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("victim", [4, 6], ids=["sender", "receiver"])
+def test_a_rank_dying_mid_reshard_many_leaves_no_segment(tmp_path: Path, victim: int) -> None:
+    with pytest.raises(LaunchError) as info:
+        meshcast.launch(_dies_mid_many, 8, hosts=TOPOLOGY, args=(victim, str(tmp_path)),
+                        timeout=120)
+    assert "exited with code 3" in info.value.failures[victim]
+    for rank in [r for r in (4, 5, 6, 7) if r != victim]:
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert not r["ok"], f"rank {rank} returned although rank {victim} died"
+        assert victim in r["failed"], r["error"]
+        assert r["mapped"] == 0
+        assert r["seconds"] < 15
 
 
 def test_chunks_are_grouped_into_pieces_the_same_way_on_both_sides() -> None:

@@ -80,7 +80,9 @@ def test_trainer_to_engine_syncs_fault_and_reconnect() -> None:
         assert report["kept"] == [True]  # the failed sync left version 2 whole
         assert report["same_storage"]  # in place: no parameter reallocated
         assert report["staging_bytes"] == report["param_bytes"]  # the cost of atomicity
-        assert 0 < report["peak_bucket"] <= 16 << 10  # bucket_bytes bounds the staging
+        # bucket_bytes bounds the staging (none here: on one machine every message arrives
+        # through a shared segment, which the receiver does not stage; the cluster test has >0)
+        assert report["peak_bucket"] <= 16 << 10
         (message, _), = report["errors"]
         assert f"meshcast.WeightSync.receive on engine rank {rank}" in message
         assert "trainer rank 1" in message

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from ..core.plan import Plan
 from ..planning.many import Schedule, Segment
 from .p2p import Failures, Links, PeerFault
+from .shm_messages import ShmMessages, ShmSend
 from .tensors import as_carrier, check_local, empty_out, torch_dtype
 
 __all__ = ["Exchange", "ManyStats", "is_maker"]
@@ -46,6 +48,7 @@ class ManyStats:
     per_bucket_staging: list[int] = field(default_factory=list)
     made_sources: int = 0
     peak_made_bytes: int = 0
+    shm_messages: int = 0
 
 
 def is_maker(x: object) -> bool:
@@ -63,14 +66,35 @@ def _msg_size(segs: Sequence[Segment]) -> int:
     return sum(_padded(s.nbytes) for s in segs[:-1]) + segs[-1].nbytes
 
 
+class Posted(NamedTuple):
+    """A message posted in a phase: with ``peer``, of ``segs``; ``buf``: the bytes it stages (a
+    pack or unpack buffer, or the packed message in a shared segment), ``work``: its message (a
+    :class:`~meshcast.runtime.shm_messages.ShmSend` through shared memory), ``handle``: where a
+    receive through shared memory gets the segment's handle."""
+
+    peer: int
+    segs: tuple[Segment, ...]
+    buf: torch.Tensor | None
+    work: object
+    label: str
+    handle: torch.Tensor | None = None
+
+
 class Exchange:
-    """This rank's part of a schedule on carrier tensors (runtime/tensors.py)."""
+    """This rank's part of a schedule on carrier tensors (runtime/tensors.py); ``intra``: the
+    path of messages between ranks of one host (``"shm"``: shm_messages.py, for CPU tensors)."""
 
     def __init__(self, plans: list[Plan], schedule: Schedule, me: int, tensors: list, outs: list,
                  dev: torch.device, links: Links, failures: Failures, overlap: bool = False,
-                 labels: Sequence[str] = ()) -> None:
+                 labels: Sequence[str] = (), intra: str = "socket") -> None:
         self.plans, self.schedule, self.me, self.dev = plans, schedule, me, dev
         self.links, self.failures, self.overlap = links, failures, overlap
+        host = links.host_of.get(me)
+        self.shm = ShmMessages(links, failures, {
+            r for r in schedule.ranks
+            if intra == "shm" and dev.type == "cpu" and r != me and host is not None
+            and links.host_of.get(r) == host
+        })
         self.labels = list(labels) or [f"tensors[{k}]" for k in range(len(plans))]
         self.src_regions = [p.task.src_region(me) for p in plans]
         self.dst_regions = [p.task.dst_region(me) for p in plans]
@@ -84,7 +108,7 @@ class Exchange:
             for p, b, o in zip(plans, self.dst_regions, outs)
         ]
         self.stats = ManyStats(buckets=len(schedule.buckets))
-        self._pending: list[tuple] = []  # the previous phase's sends (overlap)
+        self._pending: list[Posted] = []  # the previous phase's sends (overlap)
 
     def _last_uses(self) -> dict[int, int]:
         """``{tensor: number of the last phase whose sends read its source}`` on this rank."""
@@ -149,6 +173,7 @@ class Exchange:
             self.stats.per_bucket_staging.append(self.stats.peak_staging_bytes)
         self._wait_sends(self._pending)
         self._pending = []
+        self.stats.shm_messages = self.shm.messages
 
     def _phase(self, sends: list, recvs: list, tag: int, what: str) -> None:
         """Post, complete and unpack one phase's messages."""
@@ -175,55 +200,76 @@ class Exchange:
                         posted_sends.append(self._post_send(peer, segs, tag, what))
                     except PeerFault as fault:
                         self.failures.peer(fault)
-        staged = sum(b.numel() for _, _, b, _, _ in posted_recvs if b is not None)
-        staged += sum(b.numel() for _, _, b, _, _ in posted_sends + self._pending if b is not None)
+        staged = sum(p.buf.numel() for p in posted_recvs + posted_sends + self._pending
+                     if p.buf is not None)
         self.stats.peak_staging_bytes = max(self.stats.peak_staging_bytes, staged)
         self._wait_sends(self._pending)  # the previous phase's, now that this one's are posted
         self._pending = []
-        for peer, segs, buf, w, label in posted_recvs:
-            if not self.failures.complete(self.links, w, peer, label):
+        for p in posted_recvs:
+            if not self.failures.complete(self.links, p.work, p.peer, p.label):
                 continue
-            if buf is not None and not self.failures.degraded.is_set():
-                self._unpack(segs, buf)
+            if p.handle is not None:
+                self.shm.read(p.peer, p.handle, tag, what, lambda d, p=p: self._unpack(p.segs, d))
+            elif p.buf is not None and not self.failures.degraded.is_set():
+                self._unpack(p.segs, p.buf)
         if self.overlap:
             self._pending = posted_sends
         else:
             self._wait_sends(posted_sends)
 
-    def _wait_sends(self, posted: list) -> None:
-        for peer, _, _, w, label in posted:
-            self.failures.complete(self.links, w, peer, label)
+    def _wait_sends(self, posted: list[Posted]) -> None:
+        for p in posted:
+            if isinstance(p.work, ShmSend):
+                self.shm.complete_send(p.peer, p.work, p.label)
+            else:
+                self.failures.complete(self.links, p.work, p.peer, p.label)
+        self.shm.complete_acks()
 
-    def _post_recv(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> tuple:
+    def _post_recv(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> Posted:
         stats, label = self.stats, f"{what}: a receive from rank {peer}"
         stats.bytes_received += sum(s.nbytes for s in segs)
+        if peer in self.shm.peers:
+            handle, work = self.shm.post_recv(peer, tag, what)
+            return Posted(peer, segs, None, work, label, handle)
         if len(segs) == 1:
             v = self.view(segs[0], "dst")
             if v.is_contiguous():
                 stats.zero_copy_messages += 1
-                return peer, segs, None, self.links.irecv(v, peer, tag, what), label
+                return Posted(peer, segs, None, self.links.irecv(v, peer, tag, what), label)
         buf = torch.empty(_msg_size(segs), dtype=torch.uint8, device=self.dev)
-        return peer, segs, buf, self.links.irecv(buf, peer, tag, what), label
+        return Posted(peer, segs, buf, self.links.irecv(buf, peer, tag, what), label)
 
-    def _post_send(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> tuple:
+    def _post_send(self, peer: int, segs: tuple[Segment, ...], tag: int, what: str) -> Posted:
         label = f"{what}: a send to rank {peer}"
+        nbytes = sum(s.nbytes for s in segs)
+        if peer in self.shm.peers:
+            size = _msg_size(segs)
+            sent = self.shm.send(peer, size, lambda d: self._pack(segs, d), tag, what)
+            if sent.segment is None:
+                return Posted(peer, segs, None, sent, label)
+            self.stats.messages_sent += 1
+            self.stats.bytes_sent += nbytes
+            return Posted(peer, segs, sent.segment.data[:size], sent, label)
         if self.failures.degraded.is_set():
-            return peer, segs, None, self.links.stub(peer, tag, what), label
+            return Posted(peer, segs, None, self.links.stub(peer, tag, what), label)
         staged = None
         if len(segs) == 1 and self.view(segs[0], "src").is_contiguous():
             buf = self.view(segs[0], "src")
             self.stats.zero_copy_messages += 1
         else:
             buf = staged = torch.empty(_msg_size(segs), dtype=torch.uint8, device=self.dev)
-            off = 0
-            for s in segs:
-                src = self.view(s, "src")
-                buf[off : off + s.nbytes].view(src.dtype).view(src.shape).copy_(src)
-                off += _padded(s.nbytes)
-        nbytes = sum(s.nbytes for s in segs)
+            self._pack(segs, buf)
         self.stats.messages_sent += 1
         self.stats.bytes_sent += nbytes
-        return peer, segs, staged, self.links.isend(buf, peer, tag, what, payload=nbytes), label
+        return Posted(peer, segs, staged, self.links.isend(buf, peer, tag, what, payload=nbytes),
+                      label)
+
+    def _pack(self, segs: tuple[Segment, ...], buf: torch.Tensor) -> None:
+        off = 0
+        for s in segs:
+            src = self.view(s, "src")
+            buf[off : off + s.nbytes].view(src.dtype).view(src.shape).copy_(src)
+            off += _padded(s.nbytes)
 
     def _unpack(self, segs: tuple[Segment, ...], buf: torch.Tensor) -> None:
         off = 0

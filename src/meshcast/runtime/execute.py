@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import weakref
 from collections.abc import Callable
 
@@ -21,7 +20,7 @@ from .joint import JointGroup
 from .p2p import Failures, Links
 from .runner import Runner
 from .segments import release_segments
-from .shm import INTRA_ENV, intra_mode
+from .shm import intra_setting
 from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
 from .transport_collectives import Collectives
 from .transport_p2p import PointToPoint
@@ -226,12 +225,7 @@ def _transfer(
 def _intra(transport: str) -> tuple[str | None, str | None]:
     """The intra-host path of a call (shm.py; None on ``"collectives"``, which has none of its
     own) and why ``$MESHCAST_INTRA`` is refused, if it is."""
-    if transport != "p2p":
-        return None, None
-    try:
-        return intra_mode(), None
-    except ValueError as exc:  # what the others see: the value this rank was given
-        return os.environ.get(INTRA_ENV), str(exc)
+    return intra_setting() if transport == "p2p" else (None, None)
 
 
 def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> bool:

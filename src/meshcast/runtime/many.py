@@ -26,10 +26,13 @@ from ..planning.many import DEFAULT_BUCKET_BYTES, build_schedule
 from .agree import agree
 from .board import Call, next_step
 from .detect import real_host_map
+from .errors import ReshardError
 from .exchange import Exchange, ManyStats, is_maker
 from .execute import DEFAULT_TIMEOUT, finish_call, pick_device, plan_digest, publish_refusal
 from .joint import JointGroup, group_rank, group_size, to_global_of
 from .p2p import Failures, Links
+from .segments import release_segments
+from .shm import intra_setting
 from .tensors import check_local, check_out, torch_dtype
 
 __all__ = ["ManyStats", "last_many_stats", "reshard_many", "run_many"]
@@ -154,13 +157,18 @@ def run_many(
         _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me,
                  where, caller)
         return [None] * len(plans)
-    call, dev = _join(tensors, outs, plans, ranks, me, errors, label, bucket_bytes, timeout,
-                      device, where, caller)
+    call, dev, intra = _join(tensors, outs, plans, ranks, me, errors, label, bucket_bytes,
+                             timeout, device, where, caller)
     links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group), float(timeout))
     failures = Failures(call, float(timeout))
-    run = Exchange(plans, schedule, me, tensors, outs, dev, links, failures, overlap, label)
+    run = Exchange(plans, schedule, me, tensors, outs, dev, links, failures, overlap, label,
+                   intra or "socket")
     run.run()
-    finish_call(call, failures)
+    try:
+        finish_call(call, failures)
+    except ReshardError:
+        release_segments()  # a failed peer's shared memory goes once no survivor maps it
+        raise
     _last.put("last", run.stats)
     return [given if given is not None else None if o is None else o.view(torch_dtype(p.task.dtype))
             for o, p, given in zip(run.outs, plans, outs)]
@@ -193,10 +201,14 @@ def _join(
     tensors: list, outs: list, plans: list[Plan], ranks: Sequence[int], me: int,
     errors: list[str], label: list[str], bucket_bytes: int, timeout: float,
     device: torch.device | str | None, where: object, caller: str,
-) -> tuple[Call, torch.device]:
+) -> tuple[Call, torch.device, str | None]:
     """Check this rank's shards and agree with the plans' ranks (raises on every rank if any
-    rank cannot go ahead); the call and the results' device."""
+    rank cannot go ahead); the call, the results' device and the intra-host path (shm.py; None
+    for CUDA tensors, which have no path of their own)."""
     dev = _device(tensors + outs, device, None if where is dist.group.WORLD else where)
+    intra, why = intra_setting() if dev.type == "cpu" else (None, None)
+    if why is not None:
+        errors.append(why)
     for k, (t, o) in enumerate(zip(tensors, outs)):
         task = plans[k].task
         why = None if is_maker(t) else check_local(t, task.src_region(me), task, me,
@@ -212,10 +224,10 @@ def _join(
     if errors:
         error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
     agree(call, {
-        "plan": digest, "error": error, "options": {"bucket_bytes": bucket_bytes},
+        "plan": digest, "error": error, "options": {"bucket_bytes": bucket_bytes, "intra": intra},
         "what": f"{len(plans)} plans, the first {plans[0].task.describe()}",
     })
-    return call, dev
+    return call, dev, intra
 
 
 def _plans_digest(plans: Sequence[Plan], bucket_bytes: int) -> str:

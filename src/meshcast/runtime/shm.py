@@ -53,6 +53,7 @@ __all__ = [
     "ShmReader",
     "ShmWriter",
     "intra_mode",
+    "intra_setting",
     "shm_supported",
 ]
 
@@ -86,6 +87,15 @@ def intra_mode() -> str:
     if raw == "shm" and not shm_supported():
         raise ValueError(f"${INTRA_ENV}=shm needs Linux memfd_create; use 'socket' here")
     return raw
+
+
+def intra_setting() -> tuple[str | None, str | None]:
+    """This rank's :func:`intra_mode` for the call's agreement, and why it is refused (then the
+    value this rank was given, which is what the other ranks see), if it is."""
+    try:
+        return intra_mode(), None
+    except ValueError as exc:
+        return os.environ.get(INTRA_ENV), str(exc)
 
 
 def _slot_view(seg: Segment, offset: int, like: torch.Tensor) -> torch.Tensor:
