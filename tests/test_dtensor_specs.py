@@ -160,7 +160,63 @@ def _shard_order_job(rank: int) -> list[str]:
     check.source(one, glob, "_StridedShard(sf=1)")
     res = mc.reshard_dtensor(one, dsts[1][0], [Shard(1)], timeout=60)
     check.result(res, glob, dsts[1][0], [Shard(1)], "_StridedShard(sf=1) -> 1-D")
+    _views(check, mesh, dsts)
+    _partial_edges(check, mesh, dsts)
     return check.failures
+
+
+def _partial_edges(check: _Checker, mesh, dsts) -> None:
+    """A Partial source split by a _StridedShard, reduce-scattered; an integer Partial(sum)
+    destination on a mesh dimension of one rank (kept integer, as DTensor keeps it); Partial
+    destinations DTensor cannot make, refused before anything moves; a strategy alone."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    glob = torch.arange(56, dtype=torch.int64).reshape(8, 7)
+    spec = [Replicate(), _StridedShard(0, split_factor=2)]
+    local = distribute_tensor(glob, mesh, spec, src_data_rank=None).to_local()
+    if mesh.get_coordinate()[0] == 1:
+        local = torch.zeros_like(local)  # the Partial sum over mesh dim 0 is glob
+    dt = DTensor.from_local(local, mesh, [Partial("sum"), spec[1]], run_check=False,
+                            shape=glob.shape, stride=glob.stride())
+    for how in ("reduce_scatter", "all_reduce"):
+        res = mc.reshard_dtensor(dt, dsts[1][0], [Shard(0)], reduce_partial=how, timeout=60)
+        check.result(res, glob, dsts[1][0], [Shard(0)], f"[Partial, _StridedShard] {how}")
+    tall = DeviceMesh("cpu", [[0], [1]])
+    src = distribute_tensor(glob, mesh, [Shard(0), Replicate()], src_data_rank=None)
+    res = mc.reshard_dtensor(src, tall, [Shard(1), Partial("sum")], timeout=60)
+    check.result(res, glob, tall, [Shard(1), Partial("sum")], "int64 Partial(sum) of one rank")
+    if res is not None and res.to_local().dtype != torch.int64:
+        check.failures.append(f"int64 Partial(sum) of one rank became {res.to_local().dtype}")
+    check.refused(lambda: mc.reshard_dtensor(src, mesh, [Partial("max"), Partial("sum")]),
+                  ("mix Partial reduce ops",), "mixed Partial destination")
+    eight = distribute_tensor(glob.to(torch.float8_e4m3fn), mesh, [Shard(0), Replicate()],
+                              src_data_rank=None)
+    check.refused(lambda: mc.reshard_dtensor(eight, mesh, [Replicate(), Partial("sum")]),
+                  ("DTensor cannot make it for torch.float8_e4m3fn",), "float8 Partial(sum)")
+    res = mc.reshard_dtensor(src, dsts[1][0], [Shard(1)], strategy="allgather", timeout=60)
+    check.result(res, glob, dsts[1][0], [Shard(1)], "strategy='allgather' alone")
+
+
+def _views(check: _Checker, mesh, dsts) -> None:
+    """DTensors that views make (reshape, flatten): real _StridedShard placements with a shard
+    order (``use_strided_shard_as_shard_order=False``), read with their split factors."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    cases = [((4, 6), [Shard(1), Replicate()], (24,)), ((4, 8), [Shard(1), Shard(1)], (32,)),
+             ((4, 8), [Shard(0), Shard(1)], (32,)), ((4, 8), [Shard(1), Shard(0)], (32,)),
+             ((2, 4, 6), [Shard(1), Shard(2)], (2, 24))]
+    for k, (shape, placements, view) in enumerate(cases):
+        glob = torch.arange(int(torch.tensor(shape).prod()), dtype=torch.int32).reshape(shape) + k
+        dt = distribute_tensor(glob, mesh, placements, src_data_rank=None).reshape(view)
+        what = f"{shape} {placements} viewed as {view} ({dt.placements})"
+        check.source(dt, glob.reshape(view), what)
+        for dst, dp in (dsts[1], (dsts[4][0], [Replicate()])):
+            res = mc.reshard_dtensor(dt, dst, dp, timeout=60)
+            check.result(res, glob.reshape(view), dst, dp, f"{what} -> {dst.mesh.tolist()} {dp}")
 
 
 def _strided_and_partial_job(rank: int) -> list[str]:

@@ -98,3 +98,41 @@ def test_execute_local_bad_shards():
         mc.execute_local(plan, {**shards, 0: shards[0].astype(np.float32)})
     with pytest.raises(TypeError, match=r"shards\[0\] must be a numpy array"):
         mc.execute_local(plan, {**shards, 0: shards[0].tolist()})
+
+
+def test_no_dtype_is_not_float64():
+    with pytest.raises(TypeError, match="dtype must be a dtype name"):
+        mc.ReshardTask((4, 4), None, mc.Layout(MESH, "S0R"), mc.Layout(MESH, "RS0"))
+
+
+@pytest.mark.parametrize("text", ["2x2@:RR", "2x2@x:RR", "@3:R"])
+def test_layout_notation_without_a_first_rank(text):
+    with pytest.raises(ValueError, match="is not of the form SHAPE"):
+        mc.Layout.parse(text)
+
+
+def test_plan_json_with_a_missing_or_malformed_field():
+    import json
+
+    task = mc.ReshardTask((8, 8), "float32", mc.Layout(MESH, "S0R"), mc.Layout(MESH, "RS0"))
+    good = json.loads(mc.plan(task, strategy="broadcast").to_json())
+    for field in ("task", "ops", "strategy", "balance", "topology", "fallbacks"):
+        bad = {k: v for k, v in good.items() if k != field}
+        with pytest.raises(ValueError, match=f"the field '{field}' is missing"):
+            mc.Plan.from_json(bad)
+    for field in ("task", "topology"):
+        with pytest.raises(ValueError, match="not a valid"):
+            mc.Plan.from_json({**good, field: "x"})
+    with pytest.raises(ValueError, match="strategy must be a string"):
+        mc.Plan.from_json({**good, "strategy": None})
+    with pytest.raises(ValueError, match="the field 'hosts' is missing"):
+        mc.Topology.from_json({})
+    with pytest.raises(TypeError, match="takes a JSON string"):
+        mc.Plan.from_json(None)
+
+
+def test_scatter_and_gather_take_the_notation():
+    x = np.arange(32).reshape(8, 4)
+    assert mc.gather(mc.scatter(x, "2x4:S0R"), "2x4:S0R").tolist() == x.tolist()
+    with pytest.raises(TypeError, match=r"layout must be a meshcast\.Layout"):
+        mc.scatter(x, 3)

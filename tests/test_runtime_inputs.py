@@ -234,8 +234,43 @@ def _bad_inputs(rank: int) -> dict:
     report["not a plan"] = _refused(lambda: meshcast.reshard(
         local, "a plan" if rank == 5 else p, timeout=TIMEOUT))
     report["after args"] = _group_works(rank)
+    report.update(_one_rank_arguments(rank, task, p, local))
+    report["after one rank"] = _group_works(rank)
     report["dtensor tp"] = _dtensor_tp(rank)
     report["after dtensor"] = _group_works(rank)
+    return report
+
+
+def _one_rank_arguments(rank: int, task: ReshardTask, p, local) -> dict:
+    """Arguments only one rank gets wrong (refused on every rank before it waits), results that
+    would share memory with sources or each other, and ranks outside a sub-group."""
+    import torch
+    import torch.distributed as dist
+
+    report = {}
+    report["timeout"] = _refused(lambda: meshcast.reshard(
+        local, p, timeout=float("inf") if rank == 2 else TIMEOUT))
+    report["device"] = _refused(lambda: meshcast.reshard(
+        local, p, device="bogus" if rank == 4 else None, timeout=TIMEOUT))
+    report["names"] = _refused(lambda: meshcast.reshard_many(
+        [local, local], [p, p], names=["w"] if rank == 6 else ["w", "b"], timeout=TIMEOUT))
+    # a permutation onto the same 4 ranks: out=local would overwrite data still to be sent
+    perm = ReshardTask((8, 6), "int32", Layout(Mesh([0, 1, 2, 3]), "S0R"),
+                       Layout(Mesh([1, 2, 3, 0]), "S0R"))
+    mine = None if perm.src_box(rank) is None else torch.zeros(2, 6, dtype=torch.int32)
+    report["out is local"] = _refused(lambda: meshcast.reshard(
+        mine, meshcast.plan(perm, TOPOLOGY), out=mine, timeout=TIMEOUT))
+    box = task.dst_box(rank)
+    both = None if box is None else torch.zeros((box[0].stop - box[0].start,
+                                                 box[1].stop - box[1].start))
+    report["one out twice"] = _refused(lambda: meshcast.reshard_many(
+        [local, local], [p, p], out=[both, both], timeout=TIMEOUT))
+    group = dist.new_group([0, 1, 2, 3])  # ranks 4-7 are outside: None at once
+    inner = ReshardTask((8,), "int32", Layout(Mesh([0, 1]), "S0"), Layout(Mesh([2, 3]), "R"))
+    full = torch.arange(8, dtype=torch.int32)
+    got = meshcast.reshard(None if rank > 1 else full[4 * rank: 4 * rank + 4],
+                           meshcast.plan(inner, TOPOLOGY), group=group, timeout=TIMEOUT)
+    report["sub-group"] = got is None if rank not in (2, 3) else torch.equal(got, full)
     return report
 
 
@@ -315,14 +350,17 @@ def test_rank_dependent_plans_are_refused_on_every_rank(job) -> None:
     # which peers a rank sees first, and in which of their calls (peers that refused this call
     # may already wait in their next one, the reshard_many of "many tp"), depends on timing;
     # what it says does not
+    many = r"(1 plans \(digest [0-9a-f]{16}\), the first )?"
+    plan = (r"\(8, 4\) float32: 4:S0R -> 2(@2)?:RS0"
+            r"(, broadcast/auto on 4 hosts \(digest [0-9a-f]{16}\))?")
     assert re.match(r"ValueError: meshcast.reshard on rank 0: (rank [0-3] called the call off: )?"
                     r"ranks \[[0-3, ]+\] called with different plans than rank [0-3] \(rank "
-                    r"[0-3]: (1 plans, the first )?\(8, 4\) float32: 4:S0R -> 2(@2)?:RS0; rank "
-                    r"[0-3]: (1 plans, the first )?\(8, 4\) float32: 4:S0R -> 2(@2)?:RS0\); every "
+                    rf"[0-3]: {many}{plan}; rank [0-3]: {many}{plan}\); every "
                     r"rank must pass the same plans in the same order; nothing was sent$",
                     tp[0]), tp[0]
-    assert re.search(r"while rank [45]'s plan \(\(8, 4\) float32: 4:S0R -> 2@4:RS0 over ranks "
-                     r"0..5\)", tp[4]), tp[4]
+    assert re.search(r"while rank [45]'s plan \(\(8, 4\) float32: 4:S0R -> 2@4:RS0, "
+                     r"broadcast/auto on 4 hosts \(digest [0-9a-f]{16}\) over ranks 0..5\)",
+                     tp[4]), tp[4]
     for rank in range(WORLD):
         assert job[rank]["bad"]["after tp"] is True
         assert job[rank]["bad"]["dtensor tp"] is True
@@ -347,3 +385,29 @@ def test_rank_dependent_options_and_arguments_are_refused_on_every_rank(job) -> 
             assert ("rank 5 refused its call before joining it (an argument error: plan must be "
                     "a meshcast.Plan, got str)") in args[rank]
         assert job[rank]["bad"]["after args"] is True
+
+
+@pytest.mark.timeout(600)
+def test_what_one_rank_gets_wrong_is_refused_on_every_rank(job) -> None:
+    for key, culprit, rule in (
+        ("timeout", 2, "timeout must be at most 1e+07 seconds (every wait is bounded), got inf"),
+        ("device", 4, "device='bogus' is not a torch device"),
+        ("names", 6, "names must be a sequence of 2 strings, one per plan, got ['w']"),
+    ):
+        for rank, text in enumerate(_messages(job, key)):
+            assert text.startswith("ValueError: ") and rule in text, (key, rank, text)
+            assert rank == culprit or f"rank {culprit}" in text, (key, rank, text)
+
+
+@pytest.mark.timeout(600)
+def test_results_that_share_memory_are_refused_and_sub_groups_leave_outsiders_out(job) -> None:
+    for rank, text in enumerate(_messages(job, "out is local")):
+        if rank < 4:
+            assert "out shares memory with local on rank" in text, (rank, text)
+            assert "nothing was sent" in text, (rank, text)
+        else:
+            assert text == "no error"
+    for text in _messages(job, "one out twice"):
+        assert "out[0] (tensors[0]) shares memory with out[1] (tensors[1]) on rank" in text, text
+    assert [job[r]["bad"]["sub-group"] for r in range(WORLD)] == [True] * WORLD
+    assert [job[r]["bad"]["after one rank"] for r in range(WORLD)] == [True] * WORLD

@@ -81,6 +81,9 @@ def dtype_name(dtype: DTypeLike, *, argument: str = "dtype") -> str:
     Accepts a name such as ``"float32"`` or ``"bfloat16"``, a numpy dtype or scalar type, or a
     torch dtype (recognised by its repr, so torch need not be imported).
     """
+    if dtype is None:  # numpy would read it as float64
+        raise TypeError(f"{argument} must be a dtype name, a numpy dtype or a torch dtype, got "
+                        f"None")
     if isinstance(dtype, str):
         name = dtype.removeprefix("torch.")
     elif type(dtype).__module__ == "torch":  # torch.dtype: repr is "torch.float32"

@@ -137,12 +137,14 @@ class Layout:
         """From the CLI notation ``SHAPE[@FIRST]:SPEC``, e.g. ``"2x4@8:RRS0"``: a 2x4 mesh of
         consecutive ranks starting at 8, with layout ``RRS0``."""
         mesh_text, sep, spec = text.partition(":")
-        shape_text, _, first = mesh_text.partition("@")
+        shape_text, at, first = mesh_text.partition("@")
         try:
             shape = tuple(int(s) for s in shape_text.split("x"))
             start = int(first) if first else 0
         except ValueError:
             shape, start = (), 0
+        if at and not first:
+            shape = ()  # "@" without the first rank
         if not sep or not shape or not spec:
             raise ValueError(
                 f"layout {text!r} is not of the form SHAPE[@FIRST]:SPEC, e.g. '2x4:S0RR' or "

@@ -29,8 +29,20 @@ def _held(region: Region) -> tuple:
     return (*box, ...) if box is not None else np.ix_(*region.indices())
 
 
-def scatter(array: np.ndarray, layout: Layout) -> dict[int, np.ndarray]:
-    """Split ``array`` into the shards of ``layout``: ``{rank: copy of its shard}``."""
+def _layout(layout: object) -> Layout:
+    """``layout``, a :class:`Layout` or its string notation (``"2x4:S0R"``)."""
+    if isinstance(layout, str):
+        return Layout.parse(layout)
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a meshcast.Layout or its notation (e.g. '2x4:S0R'), got "
+                        f"{type(layout).__name__}")
+    return layout
+
+
+def scatter(array: np.ndarray, layout: Layout | str) -> dict[int, np.ndarray]:
+    """Split ``array`` into the shards of ``layout`` (a :class:`Layout` or its notation):
+    ``{rank: copy of its shard}``."""
+    layout = _layout(layout)
     array = np.asarray(array)
     return {r: np.array(array[_held(region)])
             for r, region in layout.regions(array.shape).items()}
@@ -63,12 +75,14 @@ def _check_shards(
 
 
 def gather(
-    shards: Mapping[int, np.ndarray], layout: Layout, shape: Sequence[int] | None = None
+    shards: Mapping[int, np.ndarray], layout: Layout | str, shape: Sequence[int] | None = None
 ) -> np.ndarray:
-    """Assemble the global array from ``{rank: shard}`` laid out by ``layout``.
+    """Assemble the global array from ``{rank: shard}`` laid out by ``layout`` (a
+    :class:`Layout` or its notation).
 
     The global shape is inferred from the shards unless given. Replicas must agree exactly.
     """
+    layout = _layout(layout)
     if not isinstance(shards, Mapping):
         raise TypeError(f"shards must be a dict {{rank: ndarray}}, got {type(shards).__name__}")
     devices = layout.mesh.devices

@@ -193,17 +193,28 @@ class Plan:
         """Inverse of :meth:`to_json` (accepts the string or the parsed dict). The plan is
         checked (:meth:`check`): one that does not deliver its destination layout exactly raises
         ``ValueError`` naming the first missing or wrong region."""
+        if not isinstance(text, (str, bytes, bytearray, dict)):
+            raise TypeError(f"Plan.from_json takes a JSON string or its parsed dict, got "
+                            f"{type(text).__name__}")
         data = text if isinstance(text, dict) else json.loads(text)
-        if data.get("format") != "meshcast.plan/1":
-            raise ValueError(f"not a meshcast plan: format={data.get('format')!r}")
-        plan = cls(
-            task=ReshardTask.from_json(data["task"]),
-            ops=ops_from_json(data["ops"]),
-            strategy=data["strategy"],
-            balance=data["balance"],
-            topology=Topology.from_json(data["topology"]),
-            fallbacks=tuple((int(i), str(why)) for i, why in data["fallbacks"]),
-        )
+        if not isinstance(data, dict) or data.get("format") != "meshcast.plan/1":
+            raise ValueError("not a meshcast plan: no \"format\": \"meshcast.plan/1\" field")
+        try:
+            for name in ("strategy", "balance"):
+                if not isinstance(data[name], str):
+                    raise TypeError(f"{name} must be a string, got {data[name]!r}")
+            plan = cls(
+                task=ReshardTask.from_json(data["task"]),
+                ops=ops_from_json(data["ops"]),
+                strategy=data["strategy"],
+                balance=data["balance"],
+                topology=Topology.from_json(data["topology"]),
+                fallbacks=tuple((int(i), str(why)) for i, why in data["fallbacks"]),
+            )
+        except KeyError as exc:
+            raise ValueError(f"not a complete meshcast plan: the field {exc} is missing") from None
+        except (TypeError, AttributeError, IndexError) as exc:
+            raise ValueError(f"not a valid meshcast plan: {exc}") from None
         plan.check()
         return plan
 

@@ -280,10 +280,15 @@ class ReshardTask:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReshardTask:
-        """Inverse of :meth:`to_json`."""
-        return cls(
-            data["shape"],
-            data["dtype"],
-            Layout.from_json(data["src"]),
-            Layout.from_json(data["dst"]),
-        )
+        """Inverse of :meth:`to_json`; ``ValueError`` for a missing or malformed field."""
+        try:
+            return cls(
+                data["shape"],
+                data["dtype"],
+                Layout.from_json(data["src"]),
+                Layout.from_json(data["dst"]),
+            )
+        except KeyError as exc:
+            raise ValueError(f"not a complete task: the field {exc} is missing") from None
+        except (TypeError, AttributeError) as exc:
+            raise ValueError(f"not a valid task: {exc}") from None

@@ -257,14 +257,19 @@ class Topology:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Topology:
-        """Inverse of :meth:`to_json`."""
-        return cls(
-            tuple(tuple(h) for h in data["hosts"]),
-            tuple(data["nic_in_gbps"]),
-            tuple(data["nic_out_gbps"]),
-            tuple(data["nics_per_host"]),
-            data["intra_gbps"],
-            data["latency_us"],
-            data.get("name", ""),
-            data.get("hop_bytes", 0.0),
-        )
+        """Inverse of :meth:`to_json`; ``ValueError`` for a missing or malformed field."""
+        try:
+            return cls(
+                tuple(tuple(h) for h in data["hosts"]),
+                tuple(data["nic_in_gbps"]),
+                tuple(data["nic_out_gbps"]),
+                tuple(data["nics_per_host"]),
+                data["intra_gbps"],
+                data["latency_us"],
+                data.get("name", ""),
+                data.get("hop_bytes", 0.0),
+            )
+        except KeyError as exc:
+            raise ValueError(f"not a complete topology: the field {exc} is missing") from None
+        except (TypeError, AttributeError) as exc:
+            raise ValueError(f"not a valid topology: {exc}") from None

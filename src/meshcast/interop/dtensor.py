@@ -81,14 +81,19 @@ def reduced_placements(
 ) -> tuple[Any, ...]:
     """``dt``'s placements with every Partial reduced as ``reduce_partial`` says
     (:data:`REDUCTIONS`), toward the destination ``placements``: ``reduce_scatter`` shards the
-    first tensor dimension the destination shards, else the longest one."""
+    first tensor dimension the destination shards, else the longest one, leaving out dimensions
+    a ``_StridedShard`` of ``dt`` splits (DTensor cannot shard those again consistently); with
+    none left, an all-reduce."""
     if reduce_partial not in REDUCTIONS:
         raise ValueError(f"reduce_partial must be one of {', '.join(map(repr, REDUCTIONS))}, "
                          f"got {reduce_partial!r}")
-    if reduce_partial == "all_reduce" or dt.ndim == 0:
+    strided = {p.dim % dt.ndim for p in dt.placements if placement_kind(p) == "strided"}
+    free = [d for d in range(dt.ndim) if d not in strided]
+    if reduce_partial == "all_reduce" or not free:
         return _replicated(dt.placements)
-    split = [p.dim % dt.ndim for p in placements if placement_kind(p) in ("shard", "strided")]
-    dim = split[0] if split else max(range(dt.ndim), key=lambda d: (dt.shape[d], -d))
+    split = [p.dim % dt.ndim for p in placements if placement_kind(p) in ("shard", "strided")
+             and p.dim % dt.ndim in free]
+    dim = split[0] if split else max(free, key=lambda d: (dt.shape[d], -d))
     return tuple(Shard(dim) if placement_kind(p) == "partial" else p for p in dt.placements)
 
 
@@ -141,8 +146,29 @@ def dtensor_task(
                 f"reduce ops {', '.join(PARTIALS)} (a product or bitwise op has no exact "
                 f"inverse); choose one of those or Replicate"
             )
+        _check_partial_destination(placements, i, p, device_mesh, dt.dtype)
     dst = layout_from_placements(device_mesh, _replicated(placements), dt.ndim)
     return ReshardTask(tuple(dt.shape), dt.dtype, src, dst)
+
+
+def _check_partial_destination(placements: Sequence[Any], i: int, p: Any,
+                               device_mesh: DeviceMesh, dtype: torch.dtype) -> None:
+    """Refuse, before anything moves, a Partial destination DTensor could not make (on every
+    rank alike: it depends on the arguments only): mixed reduce ops, or a value of ``dtype``
+    that DTensor's partitioning cannot compute (a sum divides by the mesh dimension's size)."""
+    ops = {q.reduce_op for q in placements if placement_kind(q) == "partial"}
+    if len(ops) > 1:
+        raise ValueError(f"placements mix Partial reduce ops {sorted(ops)}: DTensor supports one "
+                         f"reduce op per tensor; use one, or Replicate")
+    if device_mesh.size(i) == 1:
+        return  # nothing to partition (as DTensor's redistribute skips it)
+    try:
+        p._partition_value(torch.zeros(1, dtype=dtype, device=device_mesh.device_type),
+                           device_mesh, i)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        raise ValueError(f"placements[{i}] is {p!r}, but DTensor cannot make it for {dtype} "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0]}); choose "
+                         f"Replicate or another dtype") from None
 
 
 def resolve_topology(topology: Topology | None) -> Topology | None:
@@ -181,7 +207,8 @@ def as_dtensor(
         stride.append(acc)
         acc *= max(n, 1)
     for axis, p in enumerate(placements):
-        if placement_kind(p) == "partial":  # DTensor's own Replicate -> Partial, on this rank
+        # DTensor's own Replicate -> Partial, on this rank (nothing on a dimension of size 1)
+        if placement_kind(p) == "partial" and device_mesh.size(axis) > 1:
             out = p._partition_value(out, device_mesh, axis)
     return DTensor.from_local(
         out, device_mesh, tuple(placements), run_check=False, shape=shape,
@@ -230,8 +257,10 @@ def reshard_dtensor(
     if not (in_src or in_dst):
         return None
     if plan is None:
-        auto = "auto" if balance is None and strategy is None else balance
-        (plan,) = plan_many([task], resolve_topology(topology), strategy=strategy, balance=auto)
+        if balance is None:  # meshcast.plan's defaults (plan_many's would be a joint plan)
+            balance = "auto" if strategy is None else "none"
+        (plan,) = plan_many([task], resolve_topology(topology), strategy=strategy,
+                            balance=balance)
     local = local_source(dt, placements, reduce_partial)
     device = torch.device(device_mesh.device_type) if device_mesh.device_type == "cpu" else None
     (out,) = reshard_many(

@@ -139,8 +139,10 @@ def _steps(
     placements: Sequence[Any], shard_order: Any, ndim: int, argument: str
 ) -> dict[int, tuple[tuple[int, int], ...]]:
     """``{tensor dim: ((mesh dim, split factor), ...)}`` in the order DTensor applies them:
-    the spec's shard order where it has one (``Shard`` placements only), else the placements
-    left to right, a ``_StridedShard`` with its split factor (splits.py)."""
+    the spec's shard order where it has one, else the placements left to right; a
+    ``_StridedShard`` with its split factor (splits.py). (A spec has a shard order only where its
+    ``_StridedShard`` placements are real strided shards, as views make them, not an encoding of
+    the order: ``use_strided_shard_as_shard_order=False``.)"""
     default: dict[int, list[tuple[int, int]]] = {}
     for i, p in enumerate(placements):
         if placement_kind(p) in ("shard", "strided"):
@@ -157,7 +159,8 @@ def _steps(
                 f"{tuple(placements)!r} (each sharded tensor dimension must list exactly the "
                 f"mesh dimensions that shard it)"
             )
-        order[d] = tuple((m, 1) for m in dims)
+        factor = dict(default[d])
+        order[d] = tuple((m, factor[m]) for m in dims)
     if set(order) != set(default):
         raise ValueError(
             f"{argument}: shard_order {tuple(shard_order)!r} leaves out tensor dimensions "

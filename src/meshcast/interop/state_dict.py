@@ -58,24 +58,28 @@ def reshard_state_dict(
     bounds each rank's staging memory (:func:`meshcast.reshard_many`); ``reduce_partial`` says
     how Partial DTensors are reduced on their mesh (:func:`meshcast.reshard_dtensor`).
     """
-    from ..runtime.execute import DEFAULT_TIMEOUT
+    from ..runtime.execute import DEFAULT_TIMEOUT, publish_refusal
     from .dtensor import as_dtensor, resolve_topology
 
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"state_dict must be a mapping of names to tensors, got "
-                        f"{type(state_dict).__name__}")
-    if not isinstance(layouts, Mapping):
-        raise TypeError(f"layouts must be a mapping of names to layouts, got "
-                        f"{type(layouts).__name__}")
-    names = list(layouts)
-    errors = [
-        f"state_dict[{name!r}] has no entry in layouts: declare its layout (every name must be "
-        f"declared, in the same order on every rank)"
-        for name in state_dict if name not in layouts
-    ]
-    dtensor_form = any(_is_dtensor(v) for v in state_dict.values())
-    tasks, locals_ = _entries(state_dict, layouts, dtensor_form, reduce_partial)
-    plans = plan_many(tasks, resolve_topology(topology), strategy=strategy, balance=balance)
+    try:  # what this rank alone gets wrong is told to the others before they wait for it
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping of names to tensors, got "
+                            f"{type(state_dict).__name__}")
+        if not isinstance(layouts, Mapping):
+            raise TypeError(f"layouts must be a mapping of names to layouts, got "
+                            f"{type(layouts).__name__}")
+        names = list(layouts)
+        errors = [
+            f"state_dict[{name!r}] has no entry in layouts: declare its layout (every name must "
+            f"be declared, in the same order on every rank)"
+            for name in state_dict if name not in layouts
+        ]
+        dtensor_form = any(_is_dtensor(v) for v in state_dict.values())
+        tasks, locals_ = _entries(state_dict, layouts, dtensor_form, reduce_partial)
+        plans = plan_many(tasks, resolve_topology(topology), strategy=strategy, balance=balance)
+    except (TypeError, ValueError) as exc:
+        publish_refusal(None, exc)
+        raise
     outs = run_many(
         locals_,
         plans,

@@ -35,6 +35,7 @@ from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
 from ..core.units import GBIT
 from .buckets import Xfer, cut_buckets
+from .fixed import STRATEGIES
 from .planner import PLAN_CACHE
 from .planner import plan as plan_one
 
@@ -190,6 +191,9 @@ def plan_many(
         balance = "joint"
     if balance == "joint":
         strategy = strategy or "broadcast"
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose one of "
+                             f"{', '.join(STRATEGIES)} (or None)")
         if strategy not in JOINT_STRATEGIES:
             raise ValueError(
                 f"strategy={strategy!r} cannot be planned with balance='joint'; choose one of "

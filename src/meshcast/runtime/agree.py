@@ -149,7 +149,10 @@ def _scan(
     if reason is None or not _still_missing(call, key, reason[0]):
         return None, None
     at = _where(call, reason[0])
-    theirs = at["call"] if at is not None and at["state"] == "agreeing" else None
+    # the peer's call, unless it is a later one (it refused this step and went on): that one
+    # this rank will make too
+    theirs = (at["call"] if at is not None and at["state"] == "agreeing"
+              and at["step"] <= call.step else None)
     if theirs and theirs != call.key and at["step"] < call.step:
         _call_off(call, theirs, {"ok": False, "by": call.me, "reason": reason[1]})
         return None, None
@@ -216,15 +219,16 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
                    f"{where[q]['what']}; rank {call.me}: {what}); every rank must pass the same "
                    f"plans in the same order")
     for q, at in where.items():
-        if at is None or at["family"] == call.family:
-            continue  # never called, or in an earlier, the same or a later call of this plan
+        if at is None:
+            continue  # never called
         theirs = f"{at['what']} over ranks {_ranks(at['ranks'])}"
         made = call.me in at["ranks"] and at["number"] < calls_made(call.group, at["family"])
-        if waiting[q] and call.me in at["ranks"] and not made:
+        if (at["family"] != call.family and waiting[q] and call.me in at["ranks"]
+                and not made):  # (a call of this plan is an earlier, this or a later one)
             return q, (f"rank {q} waits for rank {call.me} in a call with another plan "
                        f"({theirs}), while rank {call.me}'s plan ({mine}) waits for rank {q}: "
                        f"{advice}")
-        for refusal in at.get("refusals", ()):
+        for refusal in at.get("refusals", ()):  # also where it went on to a call of this plan
             if refusal["step"] != call.step or refusal["family"] == call.family:
                 continue  # another step of the program (or this very call, on another rank)
             if call.me in refusal["ranks"] and refusal["number"] < calls_made(
@@ -297,12 +301,16 @@ def _refused(call: Call, here: dict[str, Any]) -> None:
         call.store.set(call.at_key(call.me), json.dumps(here))
 
 
-def refuse_early(group: object, me: int, what: str) -> None:
+def refuse_early(group: object, me: int, what: str, family: str | None = None) -> None:
     """Say in the store that this rank refused a call before it could join an agreement (its
     plan was unusable), so that peers waiting for it at the same step refuse at once instead of
-    timing out. Best effort: nothing happens without an initialised process group."""
-    from .board import next_step, store_of
+    timing out. ``family``: the plan family of the refused call where known (its call number is
+    used up, as the peers' call used theirs). Best effort: nothing happens without an
+    initialised process group."""
+    from .board import next_step, skip_number, store_of
 
+    if family is not None:
+        skip_number(group, family)
     refusal = {"step": next_step(group), "family": "", "number": -1, "ranks": [], "what": what}
     here = {"call": "", "family": "", "number": -1, "step": refusal["step"], "ranks": [],
             "what": what, "state": "refused", "refusals": _recent_refusals(group, refusal)}

@@ -89,6 +89,20 @@ def ranks_digest(ranks: Sequence[int]) -> str:
     return hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
 
 
+def family_of(ranks: Sequence[int], plan_digest: str) -> str:
+    """The name of a plan family: calls of the same plan on the same ranks (numbered in turn)."""
+    return f"{ranks_digest(tuple(ranks))}/{plan_digest}"
+
+
+def skip_number(group: dist.ProcessGroup, family: str) -> None:
+    """Use up this process's next call number of ``family`` without a call (a call refused
+    before it could be made), so that its next call of the family has the name its peers give
+    theirs."""
+    with _counter_lock:
+        numbers = _group_calls(group).numbers
+        numbers[family] = numbers.get(family, 0) + 1
+
+
 def next_step(group: dist.ProcessGroup) -> int:
     """Count one meshcast call on ``group`` by this process, inside its plan or not; the
     call's step. In a program where every rank makes every call (SPMD), a call has the same step
@@ -140,7 +154,7 @@ class Call:
         self.caller = caller
         self.timeout = timeout
         self.store = store_of(group)
-        self.family = f"{ranks_digest(self.ranks)}/{plan_digest}"
+        self.family = family_of(self.ranks, plan_digest)
         self.step = next_step(group)
         with _counter_lock:
             numbers = _group_calls(group).numbers

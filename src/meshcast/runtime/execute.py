@@ -13,10 +13,11 @@ from ..core.cache import BoundedCache
 from ..core.plan import Plan
 from .agree import agree, refuse_early
 from .blame import diagnose
-from .board import Call, next_step
+from .board import Call, family_of, next_step
 from .detect import real_host_map
 from .errors import ReshardError
 from .joint import JointGroup
+from .overlap import may_share_memory
 from .p2p import Failures, Links
 from .runner import Runner
 from .segments import release_segments
@@ -29,13 +30,17 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_TIMEOUT",
+    "MAX_TIMEOUT",
     "TRANSPORTS",
+    "call_family",
     "failure",
     "finish_call",
+    "not_a_member",
     "pick_device",
     "plan_digest",
     "publish_refusal",
     "reshard",
+    "timeout_problem",
 ]
 
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -44,6 +49,9 @@ DEFAULT_MAX_INFLIGHT_BYTES = 64 << 20
 """Pack/unpack buffer bytes a rank may have in flight."""
 DEFAULT_TIMEOUT = 300.0
 """Seconds any single wait may take before the runtime raises."""
+MAX_TIMEOUT = 1e7
+"""The largest ``timeout`` taken (about 116 days): every wait is bounded, and the backends'
+and threads' waits take at most about this much."""
 TRANSPORTS = ("p2p", "collectives")
 """What ``transport=`` takes: tagged point-to-point messages (transport_p2p.py; the default for
 CPU tensors) or native collectives on cached sub-groups (transport_collectives.py; the default
@@ -80,16 +88,33 @@ def _bad_argument(
     ):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             return f"{argument} must be a positive number, got {value!r}"
-    if isinstance(chunk_bytes, float) and not chunk_bytes.is_integer():
-        return f"chunk_bytes must be a whole number of bytes, got {chunk_bytes!r}"
+    return timeout_problem(timeout) or (
+        f"chunk_bytes must be a whole number of bytes, got {chunk_bytes!r}"
+        if isinstance(chunk_bytes, float) and not chunk_bytes.is_integer() else None)
+
+
+def timeout_problem(timeout: object) -> str | None:
+    """Why ``timeout`` (seconds) cannot bound a call's waits, or None."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        return f"timeout must be a positive number of seconds, got {timeout!r}"
+    if not timeout <= MAX_TIMEOUT:
+        return (f"timeout must be at most {MAX_TIMEOUT:g} seconds (every wait is bounded), got "
+                f"{timeout!r}")
     return None
 
 
 def pick_device(local: object, backend: str, device: object) -> torch.device:
     """Where a call's results go: ``device`` if given, else ``local``'s device (a tensor), else
-    the current CUDA device on an NCCL ``backend``, else CPU."""
+    the current CUDA device on an NCCL ``backend``, else CPU. ``ValueError`` for a ``device``
+    that is not one or that holds no data."""
     if device is not None:
-        return torch.device(device)
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device={device!r} is not a torch device") from exc
+        if dev.type == "meta":
+            raise ValueError("device='meta' holds no data: results need a real device")
+        return dev
     if isinstance(local, torch.Tensor):
         return local.device
     if "nccl" in backend and torch.cuda.is_available():
@@ -136,6 +161,11 @@ def reshard(
     caller gave up (the call is then called off on every rank) or None. ``out`` (any strides)
     receives the destination shard in place and is returned; checked like ``local``.
     """
+    if not_a_member(group):
+        if local is not None or out is not None:
+            raise ValueError(f"local and out must be None on global rank {dist.get_rank()}: it "
+                             f"is not a member of group, so no plan rank is")
+        return None
     try:
         inside = _validate(local, plan, group)
         if not inside:
@@ -143,7 +173,7 @@ def reshard(
             if bad is not None:  # nobody waits for this rank
                 raise ValueError(bad)
     except (TypeError, ValueError) as exc:
-        publish_refusal(group, exc)
+        publish_refusal(group, exc, call_family([plan], group, lambda ps: plan_digest(ps[0])))
         raise
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -173,19 +203,29 @@ def _join(
     error = _bad_argument(timeout, chunk_bytes, max_inflight_bytes, transport)
     if error is None and chunk_bytes < task.itemsize:
         error = f"chunk_bytes={chunk_bytes} must be at least the element size {task.itemsize}"
-    dev = pick_device(local if local is not None else out, str(dist.get_backend(group)), device)
+    try:
+        dev = pick_device(local if local is not None else out, str(dist.get_backend(group)),
+                          device)
+    except ValueError as exc:
+        error, dev = error or str(exc), torch.device("cpu")
     how = transport if transport in TRANSPORTS else "collectives" if dev.type == "cuda" else "p2p"
     why = check_local(local, task.src_region(me), task, me, torch_dtype(task.dtype), dev)
     error = error or (None if why is None else f"local {why}")
     why = check_out(out, task.dst_region(me), task, me, torch_dtype(task.dtype), dev)
     error = error or (None if why is None else f"out {why}")
+    if error is None and isinstance(local, torch.Tensor) and isinstance(out, torch.Tensor) \
+            and may_share_memory(local, out):
+        error = (f"out shares memory with local on rank {me}: results would overwrite source "
+                 f"data before it is sent; pass a separate tensor")
     intra, why = _intra(how)
     error = error or why
     wait = float(timeout) if error is None else DEFAULT_TIMEOUT
     p2p_group = group if group is not None else dist.group.WORLD
     call = Call(p2p_group, plan.ranks, me, "meshcast.reshard", wait, plan_digest(plan))
     agree(call, {
-        "plan": plan_digest(plan), "what": task.describe(), "error": error,
+        "plan": plan_digest(plan), "error": error,
+        "what": f"{task.describe()}, {plan.strategy}/{plan.balance} on "
+                f"{plan.topology.num_hosts} hosts (digest {plan_digest(plan)})",
         "options": {"chunk_bytes": chunk_bytes, "transport": how, "intra": intra},
     }, abort)
     return call, dev, how
@@ -250,13 +290,39 @@ def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> b
     return True
 
 
-def publish_refusal(group: dist.ProcessGroup | None, exc: BaseException) -> None:
-    """After an argument error found before the agreement: tell waiting peers (agree.py)."""
+def not_a_member(group: object) -> bool:
+    """Whether this process is outside ``group`` (a process group it is not a member of)."""
+    return (group is not None and not isinstance(group, JointGroup) and dist.is_available()
+            and dist.is_initialized() and dist.get_rank(group) < 0)
+
+
+def publish_refusal(group: dist.ProcessGroup | None, exc: BaseException,
+                    family: str | None = None) -> None:
+    """After an argument error found before the agreement: tell waiting peers (agree.py).
+    ``family``: the refused call's plan family where this rank is one of its ranks
+    (:func:`call_family`)."""
     if isinstance(group, JointGroup):
-        refuse_early(group, group.me, f"an argument error: {exc}")
+        refuse_early(group, group.me, f"an argument error: {exc}", family)
     elif dist.is_available() and dist.is_initialized():
         g = group if group is not None else dist.group.WORLD
-        refuse_early(g, dist.get_rank(group), f"an argument error: {exc}")
+        refuse_early(g, dist.get_rank(group), f"an argument error: {exc}", family)
+
+
+def call_family(plans: object, group: object, digest: Callable[[list[Plan]], str]
+                ) -> str | None:
+    """The plan family of a call of ``plans`` (a list of them) on ``group`` that this rank is
+    in, named by ``digest``; None where ``plans`` are not all plans or do not involve it, or
+    there is no process group."""
+    if not isinstance(plans, list) or not plans or not all(isinstance(p, Plan) for p in plans):
+        return None
+    if isinstance(group, JointGroup):
+        me = group.me
+    elif dist.is_available() and dist.is_initialized():
+        me = dist.get_rank(group)
+    else:
+        return None
+    ranks = sorted({r for p in plans for r in p.ranks})
+    return family_of(ranks, digest(plans)) if me in ranks else None
 
 
 def finish_call(call: Call, failures: Failures) -> None:

@@ -28,8 +28,18 @@ from .board import Call, next_step
 from .detect import real_host_map
 from .errors import ReshardError
 from .exchange import Exchange, ManyStats, is_maker
-from .execute import DEFAULT_TIMEOUT, finish_call, pick_device, plan_digest, publish_refusal
+from .execute import (
+    DEFAULT_TIMEOUT,
+    call_family,
+    finish_call,
+    not_a_member,
+    pick_device,
+    plan_digest,
+    publish_refusal,
+    timeout_problem,
+)
 from .joint import JointGroup, group_rank, group_size, to_global_of
+from .overlap import shared_pair
 from .p2p import Failures, Links
 from .segments import release_segments
 from .shm import intra_setting
@@ -63,8 +73,9 @@ def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: 
             raise ValueError(f"meshcast.reshard_many: plans[{k}]: {e}") from None
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    bad = timeout_problem(timeout)
+    if bad is not None:
+        raise ValueError(bad)
     if not joint and (not dist.is_available() or not dist.is_initialized()):
         raise RuntimeError(
             "meshcast.reshard_many needs torch.distributed: call init_process_group first "
@@ -136,18 +147,27 @@ def run_many(
     flight (exchange.py; the schedule is then cut at half of ``bucket_bytes``)."""
     plans, tensors = list(plans), list(tensors)
     outs = [None] * len(plans) if out is None else list(out)
+    if not_a_member(group):
+        if any(t is not None for t in tensors + outs):
+            raise ValueError(f"tensors and out must be None on global rank {dist.get_rank()}: "
+                             f"it is not a member of group, so no plan rank is")
+        return [None] * len(plans)
     try:
         _check_arguments(tensors, plans, bucket_bytes, timeout, isinstance(group, JointGroup))
         if len(outs) != len(plans):
             raise ValueError(f"out has {len(outs)} entries but plans has {len(plans)}: give one "
                              f"tensor or None per plan")
+        if names is not None and (isinstance(names, str) or len(names) != len(plans)
+                                  or not all(isinstance(n, str) for n in names)):
+            raise ValueError(f"names must be a sequence of {len(plans)} strings, one per plan, "
+                             f"got {names!r:.200}")
         schedule = build_schedule(plans, max(1, bucket_bytes // 2) if overlap else bucket_bytes)
         ranks = schedule.ranks
         if ranks and ranks[-1] >= group_size(group):
             raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has "
                              f"{group_size(group)} ranks")
     except (TypeError, ValueError) as exc:
-        publish_refusal(group, exc)
+        publish_refusal(group, exc, call_family(plans, group, _plans_digest))
         raise
     label = [names[k] if names is not None else f"tensors[{k}]" for k in range(len(plans))]
     me = group_rank(group)
@@ -205,7 +225,11 @@ def _join(
     """Check this rank's shards and agree with the plans' ranks (raises on every rank if any
     rank cannot go ahead); the call, the results' device and the intra-host path (shm.py; None
     for CUDA tensors, which have no path of their own)."""
-    dev = _device(tensors + outs, device, None if where is dist.group.WORLD else where)
+    try:
+        dev = _device(tensors + outs, device, None if where is dist.group.WORLD else where)
+    except ValueError as exc:
+        errors.append(str(exc))
+        dev = torch.device("cpu")
     intra, why = intra_setting() if dev.type == "cpu" else (None, None)
     if why is not None:
         errors.append(why)
@@ -218,22 +242,28 @@ def _join(
         why = check_out(o, task.dst_region(me), task, me, torch_dtype(task.dtype), dev)
         if why is not None:
             errors.append(f"out[{k}] ({label[k]}) {why}")
-    digest = _plans_digest(plans, bucket_bytes)
+    shared = shared_pair(
+        [(f"out[{k}] ({label[k]})", o) for k, o in enumerate(outs) if isinstance(o, torch.Tensor)],
+        [(label[k], t) for k, t in enumerate(tensors) if isinstance(t, torch.Tensor)])
+    if shared is not None:
+        errors.append(f"{shared[0]} shares memory with {shared[1]} on rank {me}: a result "
+                      f"would overwrite data still to be read or written; pass separate tensors")
+    digest = _plans_digest(plans)
     call = Call(where, ranks, me, caller, float(timeout), digest)
     error = None
     if errors:
         error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
     agree(call, {
         "plan": digest, "error": error, "options": {"bucket_bytes": bucket_bytes, "intra": intra},
-        "what": f"{len(plans)} plans, the first {plans[0].task.describe()}",
+        "what": f"{len(plans)} plans (digest {digest}), the first {plans[0].task.describe()}",
     })
     return call, dev, intra
 
 
-def _plans_digest(plans: Sequence[Plan], bucket_bytes: int) -> str:
-    """A digest of the plans in order and the bucket size (it decides the messages), equal on
-    every rank that holds the same plans."""
-    h = hashlib.sha1(str(bucket_bytes).encode())
+def _plans_digest(plans: Sequence[Plan]) -> str:
+    """A digest of the plans in order, equal on every rank that holds the same plans (the bucket
+    size, which also decides the messages, is agreed as an option, so a difference is named)."""
+    h = hashlib.sha1()
     for p in plans:
         h.update(plan_digest(p).encode())
     return h.hexdigest()[:16]

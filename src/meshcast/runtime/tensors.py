@@ -15,6 +15,7 @@ import torch
 
 from ..core.region import Region
 from ..core.task import ReshardTask
+from .overlap import may_overlap_itself
 
 __all__ = [
     "as_bytes",
@@ -136,8 +137,9 @@ def check_out(
     kind = _unsupported_kind(out)
     if kind is None and (out.is_conj() or out.is_neg()):
         kind = "a lazy conjugate or negative view (its memory is not what it reads as)"
-    if kind is None and any(st == 0 and n > 1 for st, n in zip(out.stride(), out.shape)):
-        kind = "an expanded view (several elements share memory)"
+    if kind is None and may_overlap_itself(out):
+        kind = (f"a view whose elements overlap (strides {tuple(out.stride())} for shape "
+                f"{tuple(out.shape)}: several elements share memory)")
     if kind is not None:
         return f"is {kind} on rank {rank}; the result is written into plain dense memory"
     if tuple(out.shape) != region.shape:
