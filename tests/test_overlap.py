@@ -51,3 +51,15 @@ def test_views_of_one_large_tensor_are_decided_without_listing() -> None:
     assert not may_share_memory(x, torch.zeros(4))  # another storage
     assert not may_overlap_itself(x.t()[::3])
     assert may_overlap_itself(torch.zeros(4).expand(3, 4))
+
+
+def test_the_first_result_sharing_memory_is_named() -> None:
+    from meshcast.runtime.overlap import shared_pair
+
+    x = torch.zeros(64, 48)
+    assert shared_pair([("a", x[:, :16]), ("b", x[:, 16:32])], [("s", x[:, 32:])]) is None
+    assert shared_pair([("a", x[:, :16]), ("b", x[:, 16:32])], [("s", x[:, 30:])]) == ("b", "s")
+    assert shared_pair([("a", x[:, :16])], [("s", x[:, 30:]), ("t", x[:, 8])]) == ("a", "t")
+    assert shared_pair([], [("s", x), ("t", x)]) is None  # sources may share memory
+    flat = torch.zeros(2000 * 100)  # 2,000 results in one buffer, side by side
+    assert shared_pair([(f"o{i}", flat[100 * i: 100 * i + 100]) for i in range(2000)], []) is None

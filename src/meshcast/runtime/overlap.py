@@ -100,19 +100,26 @@ def _offsets(t: torch.Tensor) -> np.ndarray:
 
 def shared_pair(outs: list[tuple[str, torch.Tensor]], sources: list[tuple[str, torch.Tensor]]
                 ) -> tuple[str, str] | None:
-    """The names of the first result that may share memory with another result or a source
-    (``(label, tensor)`` each), or None. Only tensors of one storage are compared."""
-    by_storage: dict[tuple, list[tuple[bool, str, torch.Tensor]]] = {}
+    """The names of the first result found that may share memory with another result or a
+    source (``(label, tensor)`` each), or None. Only tensors of one storage whose byte ranges
+    meet are compared (a sweep over the ranges: results that are views of one buffer cost
+    O(n log n), not a comparison per pair)."""
+    by_storage: dict[tuple, list[tuple[int, int, bool, str, torch.Tensor]]] = {}
     for is_out, items in ((True, outs), (False, sources)):
         for label, t in items:
             if t.numel() and t.device.type != "meta":
                 key = (str(t.device), t.untyped_storage().data_ptr())
-                by_storage.setdefault(key, []).append((is_out, label, t))
+                by_storage.setdefault(key, []).append((*_byte_range(t), is_out, label, t))
     for group in by_storage.values():
-        for i, (is_out, label, t) in enumerate(group):
-            if not is_out:
-                continue
-            for j, (_, other, u) in enumerate(group):
-                if j != i and (j > i or not group[j][0]) and may_share_memory(t, u):
-                    return label, other
+        if not any(item[2] for item in group):
+            continue
+        group.sort(key=lambda item: item[0])
+        active: list[tuple[int, int, bool, str, torch.Tensor]] = []
+        for item in group:
+            start, _, is_out, label, t = item
+            active = [a for a in active if a[1] > start]  # ranges still open here
+            for _, _, other_out, other, u in active:
+                if (is_out or other_out) and may_share_memory(t, u):
+                    return (label, other) if is_out else (other, label)
+            active.append(item)
     return None
