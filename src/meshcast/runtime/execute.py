@@ -39,6 +39,7 @@ __all__ = [
     "pick_device",
     "plan_digest",
     "publish_refusal",
+    "require_distributed",
     "reshard",
     "timeout_problem",
 ]
@@ -161,10 +162,7 @@ def reshard(
     caller gave up (the call is then called off on every rank) or None. ``out`` (any strides)
     receives the destination shard in place and is returned; checked like ``local``.
     """
-    if not_a_member(group):
-        if local is not None or out is not None:
-            raise ValueError(f"local and out must be None on global rank {dist.get_rank()}: it "
-                             f"is not a member of group, so no plan rank is")
+    if not_a_member(group, [local, out]):
         return None
     try:
         inside = _validate(local, plan, group)
@@ -175,11 +173,7 @@ def reshard(
     except (TypeError, ValueError) as exc:
         publish_refusal(group, exc, call_family([plan], group, lambda ps: plan_digest(ps[0])))
         raise
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "meshcast.reshard needs torch.distributed: call init_process_group first "
-            "(or run under meshcast.launch / torchrun)"
-        )
+    require_distributed("meshcast.reshard")
     if not inside:
         next_step(group if group is not None else dist.group.WORLD)
         return None
@@ -290,10 +284,22 @@ def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> b
     return True
 
 
-def not_a_member(group: object) -> bool:
-    """Whether this process is outside ``group`` (a process group it is not a member of)."""
-    return (group is not None and not isinstance(group, JointGroup) and dist.is_available()
-            and dist.is_initialized() and dist.get_rank(group) < 0)
+def not_a_member(group: object, given: list) -> bool:
+    """Whether this process is outside ``group`` (a process group it is not a member of);
+    ``ValueError`` if it is and was ``given`` tensors (or anything but None)."""
+    outside = (group is not None and not isinstance(group, JointGroup) and dist.is_available()
+               and dist.is_initialized() and dist.get_rank(group) < 0)
+    if outside and any(t is not None for t in given):
+        raise ValueError(f"tensors must be None on global rank {dist.get_rank()}: it is not a "
+                         f"member of group, so no plan rank is")
+    return outside
+
+
+def require_distributed(caller: str) -> None:
+    """``RuntimeError`` unless torch.distributed is initialised."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{caller} needs torch.distributed: call init_process_group first "
+                           f"(or run under meshcast.launch / torchrun)")
 
 
 def publish_refusal(group: dist.ProcessGroup | None, exc: BaseException,

@@ -36,6 +36,7 @@ from .execute import (
     pick_device,
     plan_digest,
     publish_refusal,
+    require_distributed,
     timeout_problem,
 )
 from .joint import JointGroup, group_rank, group_size, to_global_of
@@ -58,12 +59,19 @@ def last_many_stats() -> ManyStats:
 
 
 def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: object,
-                     joint: bool = False) -> None:
+                     joint: bool, outs: list, names: object) -> None:
     if len(tensors) != len(plans):
         raise ValueError(
             f"tensors has {len(tensors)} entries but plans has {len(plans)}: give one plan per "
             f"tensor"
         )
+    if len(outs) != len(plans):
+        raise ValueError(f"out has {len(outs)} entries but plans has {len(plans)}: give one "
+                         f"tensor or None per plan")
+    if names is not None and (isinstance(names, str) or len(names) != len(plans)
+                              or not all(isinstance(n, str) for n in names)):
+        raise ValueError(f"names must be a sequence of {len(plans)} strings, one per plan, got "
+                         f"{names!r:.200}")
     for k, p in enumerate(plans):
         if not isinstance(p, Plan):
             raise TypeError(f"plans[{k}] must be a meshcast.Plan, got {type(p).__name__}")
@@ -76,11 +84,8 @@ def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: 
     bad = timeout_problem(timeout)
     if bad is not None:
         raise ValueError(bad)
-    if not joint and (not dist.is_available() or not dist.is_initialized()):
-        raise RuntimeError(
-            "meshcast.reshard_many needs torch.distributed: call init_process_group first "
-            "(or run under meshcast.launch / torchrun)"
-        )
+    if not joint:
+        require_distributed("meshcast.reshard_many")
 
 
 def _device(tensors: list, device: torch.device | str | None, group: object) -> torch.device:
@@ -147,20 +152,11 @@ def run_many(
     flight (exchange.py; the schedule is then cut at half of ``bucket_bytes``)."""
     plans, tensors = list(plans), list(tensors)
     outs = [None] * len(plans) if out is None else list(out)
-    if not_a_member(group):
-        if any(t is not None for t in tensors + outs):
-            raise ValueError(f"tensors and out must be None on global rank {dist.get_rank()}: "
-                             f"it is not a member of group, so no plan rank is")
+    if not_a_member(group, tensors + outs):
         return [None] * len(plans)
     try:
-        _check_arguments(tensors, plans, bucket_bytes, timeout, isinstance(group, JointGroup))
-        if len(outs) != len(plans):
-            raise ValueError(f"out has {len(outs)} entries but plans has {len(plans)}: give one "
-                             f"tensor or None per plan")
-        if names is not None and (isinstance(names, str) or len(names) != len(plans)
-                                  or not all(isinstance(n, str) for n in names)):
-            raise ValueError(f"names must be a sequence of {len(plans)} strings, one per plan, "
-                             f"got {names!r:.200}")
+        _check_arguments(tensors, plans, bucket_bytes, timeout, isinstance(group, JointGroup),
+                         outs, names)
         schedule = build_schedule(plans, max(1, bucket_bytes // 2) if overlap else bucket_bytes)
         ranks = schedule.ranks
         if ranks and ranks[-1] >= group_size(group):

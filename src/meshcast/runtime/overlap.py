@@ -104,22 +104,22 @@ def shared_pair(outs: list[tuple[str, torch.Tensor]], sources: list[tuple[str, t
     source (``(label, tensor)`` each), or None. Only tensors of one storage whose byte ranges
     meet are compared (a sweep over the ranges: results that are views of one buffer cost
     O(n log n), not a comparison per pair)."""
-    by_storage: dict[tuple, list[tuple[int, int, bool, str, torch.Tensor]]] = {}
-    for is_out, items in ((True, outs), (False, sources)):
-        for label, t in items:
-            if t.numel() and t.device.type != "meta":
-                key = (str(t.device), t.untyped_storage().data_ptr())
-                by_storage.setdefault(key, []).append((*_byte_range(t), is_out, label, t))
+    # (start, end, order: results first in their order, then sources; label, tensor)
+    by_storage: dict[tuple, list[tuple[int, int, int, str, torch.Tensor]]] = {}
+    for k, (label, t) in enumerate([*outs, *sources]):
+        if t.numel() and t.device.type != "meta":
+            key = (str(t.device), t.untyped_storage().data_ptr())
+            by_storage.setdefault(key, []).append((*_byte_range(t), k, label, t))
+    found: list[tuple[int, int, str, str]] = []
     for group in by_storage.values():
-        if not any(item[2] for item in group):
-            continue
         group.sort(key=lambda item: item[0])
-        active: list[tuple[int, int, bool, str, torch.Tensor]] = []
+        active: list[tuple[int, int, int, str, torch.Tensor]] = []
         for item in group:
-            start, _, is_out, label, t = item
+            start, _, k, label, t = item
             active = [a for a in active if a[1] > start]  # ranges still open here
-            for _, _, other_out, other, u in active:
-                if (is_out or other_out) and may_share_memory(t, u):
-                    return (label, other) if is_out else (other, label)
+            for _, _, j, other, u in active:
+                if min(j, k) < len(outs) and may_share_memory(t, u):
+                    first, second = sorted(((j, other), (k, label)))
+                    found.append((first[0], second[0], first[1], second[1]))
             active.append(item)
-    return None
+    return min(found)[2:] if found else None
