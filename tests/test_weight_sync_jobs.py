@@ -15,7 +15,9 @@ Llama-style trainer into fused QKV (grouped-query attention), fused gate_up and 
 engine's parameter; FP8 engine parameters with block and per-tensor scales
 (weight_sync_fp8_job.py), bit for bit the whole tensor's conversion, and a misdeclared scale
 parameter as one error on both sides; a trainer rank dying as the FP8 block maxima are exchanged
-is named on every engine rank, whose weights and scales keep the previous version.
+is named on every engine rank, whose weights and scales keep the previous version. Misuse on
+one rank (name maps that differ between trainer ranks, a layout over ranks the job lacks, a push
+of a wrong shape, dtype or type) is refused on every rank of both jobs before anything moves.
 """
 
 from __future__ import annotations
@@ -152,3 +154,18 @@ def test_a_trainer_rank_dying_in_the_fp8_amax_exchange_is_named_on_every_engine_
             report["error"]
         assert report["kept"]  # FP8 bytes and scales of version 1, bit for bit
         assert report["seconds"] < 30  # the connect timeout: the death was seen, not waited out
+
+
+@pytest.mark.timeout(200)
+def test_misuse_on_one_rank_is_refused_on_both_sides_before_anything_moves() -> None:
+    results = _both(jobs.misuse)
+    trainer, engine = results["trainer"], results["engine"]
+    assert not isinstance(trainer, Exception) and not isinstance(engine, Exception), results
+    for seen in trainer + engine:
+        assert "matched the trainer's tensors to the engine's differently" in seen[0], seen[0]
+        assert "its layout 3:S0R uses rank 2, but this job has 2 ranks" in seen[1], seen[1]
+        for text, rule in zip(seen[2:5], ("has shape (2, 3); its declared layout gives this "
+                                          "rank (2, 6)", "has dtype torch.float64; it was "
+                                          "declared float32", "params must be a mapping")):
+            assert rule in text and "nothing was sent" in text, text
+    assert [seen[5] for seen in engine] == [True, True]  # the good push after them, exact

@@ -429,3 +429,43 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def misuse(rank: int, address: str, role: str) -> list[str]:
+    """Two ranks per job: name maps that differ between trainer ranks (they would feed the engine
+    tensors from swapped trainer tensors), a layout over ranks the job does not have, then a
+    push of a wrong shape, a wrong dtype and not a mapping (each refused on every rank of both
+    jobs, nothing sent), and a good push; the errors each rank sees, and the final values."""
+    import torch
+
+    group = mc.connect(address, role, model="misuse", timeout=60)
+    two = mc.Layout(mc.Mesh([0, 1]), "S0R")
+    desc = {n: mc.ParamSpec((4, 6), torch.float32, two) for n in ("a", "b")}
+    seen = []
+    swap = {"a": "b", "b": "a"} if role == "trainer" and rank == 1 else {"a": "a", "b": "b"}
+    for kwargs, params in (({"name_map": swap}, desc),
+                           ({}, {**desc, "a": mc.ParamSpec((6, 6), torch.float32,
+                                                           mc.Layout(mc.Mesh([0, 1, 2]), "S0R"))})):
+        try:
+            mc.WeightSync(group, params, **kwargs)
+            seen.append("no error")
+        except ValueError as exc:
+            seen.append(str(exc))
+    sync = mc.WeightSync(group, desc)
+    full = {n: torch.arange(24, dtype=torch.float32).view(4, 6) + k for k, n in enumerate("ab")}
+    mine = {n: t[2 * rank: 2 * rank + 2] for n, t in full.items()}
+    bad = [{**mine, "a": mine["a"][:, :3]}, {**mine, "a": mine["a"].double()}, list(mine)]
+    for version, params in enumerate(bad, start=1):
+        try:
+            if role == "trainer":
+                sync.push(params if rank == 1 else mine, version=version)
+            else:
+                sync.receive()
+            seen.append("no error")
+        except ValueError as exc:
+            seen.append(str(exc))
+    if role == "trainer":
+        sync.push(mine, version=9)
+        return seen
+    got = sync.receive()
+    return [*seen, all(torch.equal(got.tensors[n], mine[n]) for n in "ab")]

@@ -72,8 +72,10 @@ def _is_dtensor(x: object) -> bool:
     return isinstance(x, DTensor)
 
 
-def describe_params(params: Mapping[str, Any], argument: str = "params") -> dict[str, dict]:
-    """``{name: {"shape", "dtype", "layout"}}`` (JSON-ready) of what this rank holds."""
+def describe_params(params: Mapping[str, Any], argument: str = "params",
+                    job_size: int | None = None) -> dict[str, dict]:
+    """``{name: {"shape", "dtype", "layout"}}`` (JSON-ready) of what this rank holds;
+    ``job_size``: the ranks of this side's job (a layout over others is refused)."""
     if not isinstance(params, Mapping):
         raise TypeError(f"{argument} must be a mapping of names to DTensors or "
                         f"meshcast.ParamSpec(shape, dtype, layout), got {type(params).__name__}")
@@ -94,6 +96,10 @@ def describe_params(params: Mapping[str, Any], argument: str = "params") -> dict
             task = ReshardTask(shape, dtype, layout, layout)  # checks shape, dtype and layout
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
+        if job_size is not None and max(layout.mesh.devices) >= job_size:
+            raise ValueError(f"{where}: its layout {layout.notation()} uses rank "
+                             f"{max(layout.mesh.devices)}, but this job has {job_size} ranks "
+                             f"(layouts name the job's own ranks, 0..{job_size - 1})")
         out[name] = {"shape": list(task.shape), "dtype": task.dtype,
                      "layout": layout.to_json()}
     return out

@@ -53,11 +53,13 @@ def _cast(name: str, shard: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return shard if shard.dtype == dtype else shard.to(dtype)
 
 
-def _local(value: Any) -> torch.Tensor | None:
+def _local(value: Any) -> Any:
     """This rank's local tensor of ``value`` (a tensor, an ``nn.Parameter`` or a DTensor), detached
-    (the same storage)."""
-    if value is None or (isinstance(value, torch.Tensor) and not hasattr(value, "to_local")):
-        return None if value is None else value.detach()
+    (the same storage); anything else as it is (the checks name it)."""
+    if value is None or not isinstance(value, torch.Tensor):
+        return value
+    if not hasattr(value, "to_local"):
+        return value.detach()
     from .dtensor import local_source
 
     local = local_source(value)
@@ -104,7 +106,8 @@ class WeightSync:
         self.key = f"sync/{group.next_sync()}"
         self.steps = 0
         self._staging: dict[str, torch.Tensor] = {}
-        records = exchange(group, f"{self.key}/describe", _record(params, name_map, mapping),
+        records = exchange(group, f"{self.key}/describe",
+                           _record(params, name_map, mapping, group.sizes[group.role]),
                            self.timeout)
         bad = [(j, r["error"]) for j, r in records.items() if "error" in r]
         if not bad:
@@ -117,12 +120,41 @@ class WeightSync:
                  for role in ("trainer", "engine")}
         offset, scales = group.offset("engine"), scale_names(sides["engine"])
         engine = {n: e for n, e in sides["engine"].items() if n not in scales}
-        self.routes: list[Route] = (
-            match_sides(sides["trainer"], engine, offset, name_map) if mapping is None
-            else match_mapping(sides["trainer"], engine, offset, mapping))
+        self.routes: list[Route] = self._agreed_routes(sides["trainer"], engine, offset,
+                                                        name_map, mapping)
+        self.dtypes = {n: spec["dtype"] for n, spec in sides["trainer"].items()}
         self.fp8 = plan_fp8(self.routes, sides["engine"], offset, fp8_block)
         self.plans = plan_many([r.task for r in self.routes], group.topology,
                                strategy=strategy, balance=balance)
+
+    def _agreed_routes(self, trainer: dict, engine: dict, offset: int, name_map: NameMap,
+                       mapping: Mapping[str, Rule] | None) -> list[Route]:
+        """The routes (trainer tensor -> engine tensor), matched on every rank and compared
+        through the store: name maps that differ between ranks (a function, or a dict given
+        differently) would feed engine tensors from different trainer tensors, silently."""
+        import hashlib
+
+        routes, error = [], None
+        try:
+            routes = (match_sides(trainer, engine, offset, name_map) if mapping is None
+                      else match_mapping(trainer, engine, offset, mapping))
+        except (TypeError, ValueError) as exc:
+            error = str(exc)
+        digest = hashlib.sha256(repr([(r.source, r.target, r.piece) for r in routes])
+                                .encode()).hexdigest()
+        got = exchange(self.group, f"{self.key}/routes", {"routes": digest, "error": error},
+                       self.timeout)
+        if error is not None:  # (the same on every rank given the same mappings)
+            raise ValueError(error)
+        bad = [(j, r["error"]) for j, r in got.items() if r["error"]]
+        if not bad and len({r["routes"] for r in got.values()}) > 1:
+            differ = [j for j, r in got.items() if r["routes"] != got[min(got)]["routes"]]
+            bad = [(differ[0], f"matched the trainer's tensors to the engine's differently "
+                               f"from {self.group.describe([min(got)])}: {_MAPPINGS_DIFFER}")]
+        if bad:
+            raise ValueError(f"meshcast.WeightSync on {self.group.role} rank {self.group.rank}: "
+                             f"{self.group.describe([bad[0][0]])}: {bad[0][1]}")
+        return routes
 
     @property
     def names(self) -> list[str]:
@@ -137,13 +169,14 @@ class WeightSync:
         self._check_role("trainer", "push")
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int, got {type(version).__name__}")
-        me, local, errors = self.group.me, {}, []
+        me, local, errors = self.group.me, {}, _params_problem(params, self.group.rank)
         for k, route in enumerate(self.routes):
-            if route.task.src_region(me) is not None:
+            if route.task.src_region(me) is not None and not errors:
                 local[k] = _local(params.get(route.source))
-                if local[k] is None:
-                    errors.append(f"params[{route.source!r}] is missing on trainer rank "
-                                  f"{self.group.rank}, which holds part of it")
+                why = _trainer_shard_problem(local[k], route, self.dtypes[route.source], me)
+                if why is not None:
+                    errors.append(f"params[{route.source!r}] {why} on trainer rank "
+                                  f"{self.group.rank}")
         fp8, amax = {f.index: f for f in self.fp8}, {}
         shards = [None if local.get(k) is None
                   else trainer_maker(fp8[k], local[k], me, amax) if k in fp8
@@ -168,7 +201,9 @@ class WeightSync:
         hold the previous version or the new one, never a mix; a failed sync raises
         :class:`WeightSyncError` on every rank, saying which version the parameters hold."""
         self._check_role("engine", "receive")
-        me, errors, targets = self.group.me, [], {}
+        me, targets = self.group.me, {}
+        errors = [] if params is None else _params_problem(params, self.group.rank)
+        params = params if not errors else None  # (reported: fresh tensors, never filled)
         for route in self.routes:
             if route.task.dst_region(me) is None or route.target in targets:
                 continue
@@ -282,13 +317,11 @@ _MAPPINGS_DIFFER = ("the ranks were given different name mappings (WeightSync's 
 
 
 def _record(params: Mapping[str, Any], name_map: NameMap,
-            mapping: Mapping[str, Rule] | None) -> dict[str, Any]:
+            mapping: Mapping[str, Rule] | None, job_size: int) -> dict[str, Any]:
     """What this rank tells the others: its parameters' description and its mapping's digest
     (or the error in its arguments)."""
     import hashlib
 
-    digest = None if mapping is None else hashlib.sha256(
-        repr(sorted(mapping.items(), key=lambda kv: str(kv[0]))).encode()).hexdigest()
     try:
         if name_map is not None and mapping is not None:
             raise TypeError("give name_map (trainer name -> engine name) or mapping (engine "
@@ -296,9 +329,35 @@ def _record(params: Mapping[str, Any], name_map: NameMap,
         if mapping is not None and not isinstance(mapping, Mapping):
             raise TypeError(f"mapping must be a mapping of engine names to rules, got "
                             f"{type(mapping).__name__}")
-        return {"params": describe_params(params), "mapping": digest}
+        digest = None if mapping is None else hashlib.sha256(
+            repr(sorted(mapping.items(), key=lambda kv: str(kv[0]))).encode()).hexdigest()
+        return {"params": describe_params(params, job_size=job_size), "mapping": digest}
     except (TypeError, ValueError) as exc:
-        return {"error": str(exc), "mapping": digest}
+        return {"error": str(exc), "mapping": None}
+
+
+def _params_problem(params: object, rank: int) -> list[str]:
+    """[why ``params`` is not a mapping] (an input error of the sync: every rank refuses)."""
+    if isinstance(params, Mapping):
+        return []
+    return [f"params must be a mapping of names to DTensors or local shards, got "
+            f"{type(params).__name__} on rank {rank}"]
+
+
+def _trainer_shard_problem(shard: torch.Tensor | None, route: Route, declared: str,
+                           me: int) -> str | None:
+    """Why ``shard`` cannot be this rank's part of ``route``'s trainer tensor (declared
+    ``declared``), checked before anything moves; None: it can."""
+    if shard is None:
+        return "is missing, and this rank holds part of it"
+    want = route.task.src_region(me).shape
+    if not isinstance(shard, torch.Tensor):
+        return f"must be a torch.Tensor, got {type(shard).__name__}"
+    if tuple(shard.shape) != want:
+        return f"has shape {tuple(shard.shape)}; its declared layout gives this rank {want}"
+    if str(shard.dtype).removeprefix("torch.") != declared:
+        return f"has dtype {shard.dtype}; it was declared {declared}"
+    return None
 
 
 def _dtype(task: Any) -> torch.dtype:
