@@ -136,3 +136,16 @@ def test_scatter_and_gather_take_the_notation():
     assert mc.gather(mc.scatter(x, "2x4:S0R"), "2x4:S0R").tolist() == x.tolist()
     with pytest.raises(TypeError, match=r"layout must be a meshcast\.Layout"):
         mc.scatter(x, 3)
+
+
+def test_fused_helpers_check_their_arguments():
+    layout = mc.Layout(mc.Mesh.from_range(0, (2, 2)), "{q=4:S0+k=4:S0}R")
+    with pytest.raises(ValueError, match=r"local has shape \(3, 4\), but rank 0's shard"):
+        mc.fused_part_views(np.zeros((3, 4)), layout, (8, 4), 0)
+    with pytest.raises(TypeError, match="rank must be an int"):
+        mc.fused_part_index(layout, (8, 4), "0", "q")
+    with pytest.raises(TypeError, match="Fuse takes"):
+        mc.Fuse(["q", "k"])
+    with pytest.raises(TypeError, match="dim must be an int"):
+        mc.Fuse({"q": "q"}, dim="x")
+    assert mc.Fuse({"q": "a"}, dim=np.int64(1)).dim == 1

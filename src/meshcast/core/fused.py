@@ -68,6 +68,8 @@ def fused_part_index(
     """Where part ``name`` lies in ``rank``'s shard of a fused tensor: an index of the rank's
     local tensor (``local[index]`` is the part's shard, a view), or None off the mesh."""
     shape = as_shape(shape)
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"rank must be an int, got {type(rank).__name__}")
     d = _fused_dim(layout, len(shape), dim)
     offset = 0
     for other in part_names(layout, shape, d):
@@ -90,6 +92,11 @@ def fused_part_views(
     fused tensor: each part's shard, in part order, ready for ``reshard_many(out=...)`` or as a
     source. Empty on a rank off the mesh."""
     names = part_names(layout, shape, dim)
+    region = layout.region(rank, as_shape(shape)) if isinstance(rank, int) else None
+    if region is not None and tuple(local.shape) != region.shape:
+        raise ValueError(f"local has shape {tuple(local.shape)}, but rank {rank}'s shard of the "
+                         f"fused tensor {layout.notation()} of shape {tuple(shape)} is "
+                         f"{region.shape}")
     views = {}
     for name in names:
         index = fused_part_index(layout, shape, rank, name, dim)

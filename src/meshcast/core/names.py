@@ -21,6 +21,7 @@ lies in each engine rank's shard (:meth:`Piece.dst_view`). Nothing is assembled 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -49,8 +50,11 @@ class Fuse:
 
     def __init__(self, parts: Mapping[str, str] | Sequence[tuple[str, str]], dim: int = 0):
         items = tuple(parts.items()) if isinstance(parts, Mapping) else tuple(parts)
+        if not all(isinstance(i, tuple) and len(i) == 2 for i in items):
+            raise TypeError(f"Fuse takes {{part name: trainer name}} or (part name, trainer "
+                            f"name) pairs, got {parts!r:.200}")
         object.__setattr__(self, "parts", tuple((str(p), str(t)) for p, t in items))
-        object.__setattr__(self, "dim", int(dim))
+        object.__setattr__(self, "dim", _dim(dim, "Fuse"))
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,16 @@ class Stack:
 
     def __init__(self, items: Sequence[Rule], dim: int = 0):
         object.__setattr__(self, "items", tuple(items))
-        object.__setattr__(self, "dim", int(dim))
+        object.__setattr__(self, "dim", _dim(dim, "Stack"))
+
+
+def _dim(dim: object, what: str) -> int:
+    try:
+        if isinstance(dim, bool):
+            raise TypeError
+        return operator.index(dim)  # an int, or any integer type (numpy's)
+    except TypeError:
+        raise TypeError(f"{what}'s dim must be an int, got {dim!r}") from None
 
 
 Rule = Union[str, Fuse, Stack]  # noqa: UP007 (a runtime alias: Stack refers to it)

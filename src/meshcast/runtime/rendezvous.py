@@ -71,8 +71,15 @@ def _rendezvous_store(address: str, serve: bool, timeout: float) -> dist.TCPStor
     with _lock:
         if serve:
             if address not in _servers:
-                _servers[address] = dist.TCPStore(host, port, is_master=True, timeout=wait,
-                                                  wait_for_workers=False)
+                try:
+                    _servers[address] = dist.TCPStore(host, port, is_master=True, timeout=wait,
+                                                      wait_for_workers=False)
+                except Exception as exc:
+                    raise ReshardError(
+                        f"meshcast.connect (trainer): cannot hold the rendezvous store at "
+                        f"{address}: {str(exc).splitlines()[0] if str(exc) else exc!r} (is "
+                        f"another trainer job, or another program, using that address?)"
+                    ) from exc
             return _servers[address]
     try:
         return dist.TCPStore(host, port, is_master=False, timeout=wait)
