@@ -278,3 +278,31 @@ assert next_step(g) == 0 and calls_made(g, "any") == 0 and recent_refusals(g) ==
 dist.destroy_process_group()
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_launch_without_hosts_is_one_host_whatever_its_parent_job_says() -> None:
+    import meshcast
+    from meshcast.runtime.detect import TOPOLOGY_ENV
+    from meshcast.runtime.launch import rank_environment
+
+    env = rank_environment(1, 2, 29500, None, 60.0)
+    assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"], env[TOPOLOGY_ENV]) == ("0", "1", "")
+    assert meshcast.job_topology(env).hosts == ((0, 1),)
+
+
+def test_a_rank_whose_function_returned_is_shown_after_the_cause() -> None:
+    from meshcast.runtime.ranks import AFTER_RETURN, _failure_order
+
+    raised = "ValueError: boom\nTraceback ..."
+    consequence = f"RuntimeError: rank 0: {AFTER_RETURN} (Connection reset by peer)"
+    assert _failure_order(raised) < _failure_order(consequence)
+
+
+def test_plan_amax_keeps_its_plans_in_a_listed_bounded_cache() -> None:
+    import meshcast
+
+    layout = meshcast.Layout(meshcast.Mesh([0, 1]), "S0R")
+    meshcast.plan_amax((256, 256), (128, 128), layout)
+    assert meshcast.cache_info()["planning.plan_amax"].size >= 1
+    meshcast.clear_caches(["planning.plan_amax"])
+    assert meshcast.cache_info()["planning.plan_amax"].size == 0

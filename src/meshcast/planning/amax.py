@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.cache import BoundedCache
 from ..core.checks import as_shape
 from ..core.layout import Layout
 from ..core.region import Region
@@ -102,7 +103,12 @@ def _contributors(holders: dict, size: int) -> dict[int, np.ndarray]:
     return out
 
 
-@functools.lru_cache(maxsize=4096)
+AMAX_PLANS: BoundedCache[tuple, AmaxPlan] = BoundedCache(
+    "planning.plan_amax", 256, "plan_amax's plans by (shape, block, source, scale layouts)")
+"""The plans :func:`plan_amax` made (listed by :func:`meshcast.cache_info`, emptied by
+:func:`meshcast.clear_caches`)."""
+
+
 def _plan(shape: tuple[int, ...], block, src: Layout, dst: Layout | None) -> AmaxPlan:
     grid = grid_shape(shape, block)
     size = int(np.prod(grid, dtype=np.int64))
@@ -146,7 +152,9 @@ def plan_amax(
     block = None if block is None else tuple(int(b) for b in block)
     if dst is not None:
         dst.check_shape(grid_shape(shape, block) if block is not None else ())
-    return _plan(shape, block, src, dst)
+    key = (shape, block, src, dst)
+    hit = AMAX_PLANS.get(key)
+    return hit if hit is not None else AMAX_PLANS.put(key, _plan(*key))
 
 
 def combine_local(

@@ -201,8 +201,11 @@ class Call:
         if fault is None and not self._noted:
             return
         with contextlib.suppress(Exception):
-            self.store.set(f"{self.key}/waiting/{self.me}", "" if fault is None else
-                           fault.to_json())
+            key = f"{self.key}/waiting/{self.me}"
+            if fault is None:  # deleted, not emptied: a long job's store stays bounded
+                self.store.delete_key(key)
+            else:
+                self.store.set(key, fault.to_json())
             self._noted = fault is not None
 
     def flagged(self) -> bool:

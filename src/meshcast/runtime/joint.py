@@ -56,6 +56,7 @@ class JointGroup:
         self.model, self.timeout, self.address = model, float(timeout), address
         self._groups: dict[str, dist.ProcessGroup] = {"gloo": gloo}
         self._lock = threading.Lock()
+        self.closed = False  # (disconnect closes it)
         self._syncs = 0
 
     # -- addressing ----------------------------------------------------------------------------
@@ -107,6 +108,7 @@ class JointGroup:
         """Drop the backend groups (their connections close when nothing else holds them)."""
         with self._lock:
             self._groups.clear()
+            self.closed = True
 
     def __repr__(self) -> str:
         return (f"JointGroup({self.role} rank {self.rank} = joint rank {self.me} of {self.size}; "

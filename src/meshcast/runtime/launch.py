@@ -26,7 +26,7 @@ from typing import Any
 from ..core.topology import Topology
 from .detect import TOPOLOGY_ENV
 from .hosts import HostProvider
-from .ranks import LaunchError, run_ranks
+from .ranks import AFTER_RETURN, LaunchError, run_ranks
 
 __all__ = [
     "HostProvider",
@@ -76,9 +76,10 @@ def rank_environment(
         env["LOCAL_WORLD_SIZE"] = str(len(topology.hosts[host]))
         env["GROUP_RANK"] = str(host)
         env[TOPOLOGY_ENV] = json.dumps(topology.to_json())
-    else:
+    else:  # one host, whatever a launching process's own job says (a launch inside a rank)
         env["LOCAL_RANK"] = str(rank)
         env["LOCAL_WORLD_SIZE"] = str(world_size)
+        env["GROUP_RANK"], env["GROUP_WORLD_SIZE"], env[TOPOLOGY_ENV] = "0", "1", ""
     return env
 
 
@@ -105,7 +106,11 @@ def run_rank(env: dict[str, str], fn: Callable[..., Any], args: Sequence[Any]) -
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         result = fn(rank, *args)
-        dist.barrier()  # nobody leaves while a peer may still be talking to it (or to the store)
+        try:  # nobody leaves while a peer may still be talking to it (or to the store)
+            dist.barrier()
+        except Exception as exc:  # a peer failed: a consequence, shown after the cause
+            raise RuntimeError(f"rank {rank}: {AFTER_RETURN} ({str(exc).splitlines()[0]})"
+                               ) from None
     finally:
         dist.destroy_process_group()
     return result

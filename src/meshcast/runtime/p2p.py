@@ -116,7 +116,33 @@ class Links:
             raise PeerFault(kind, peer, what, detail) from exc
 
 
-_ABANDONED: list[object] = []  # messages with lost peers, never waited for (Failures.complete)
+# messages with lost peers, never waited for (Failures.complete), by the group they were posted
+# on: {id(group): (group, works)}
+_ABANDONED: dict[int, tuple[object, list[object]]] = {}
+_ABANDONED_LOCK = threading.Lock()
+
+
+def abandon(group: object, work: object) -> None:
+    """Keep ``work`` (and so its buffer) referenced while ``group`` lives: gloo may still use the
+    buffer of a message to a peer that died until the group's connections close. The works of
+    groups that are gone (destroyed, or a closed joint group) are dropped here."""
+    with _ABANDONED_LOCK:
+        for key in [k for k, (g, _) in _ABANDONED.items() if not _alive(g)]:
+            del _ABANDONED[key]
+        _ABANDONED.setdefault(id(group), (group, []))[1].append(work)
+
+
+def _alive(group: object) -> bool:
+    if isinstance(group, JointGroup):
+        return not group.closed
+    if not dist.is_initialized():
+        return False
+    try:
+        from torch.distributed.distributed_c10d import _world
+
+        return group is None or group is dist.group.WORLD or group in _world.pg_map
+    except Exception:
+        return True
 
 
 class Failures:
@@ -169,9 +195,10 @@ class Failures:
         """Wait for ``work`` (a message with ``peer``) and record its failure; True if it
         completed. A message with a peer already known lost is not waited for: gloo can leave it
         pending until the time-out (a send posted as the peer died), and this rank's call fails
-        anyway. The abandoned work is kept referenced, so gloo never holds a freed buffer."""
+        anyway. The abandoned work is kept referenced while its group lives, so gloo never holds
+        a freed buffer (:func:`abandon`)."""
         if self.closed(peer):
-            _ABANDONED.append(work)
+            abandon(links.group, work)
             return False
         try:
             links.wait(work, peer, what)

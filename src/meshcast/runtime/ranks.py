@@ -35,6 +35,8 @@ STDERR_TAIL_LINES = 30
 """Lines of a rank's stderr kept to show when it dies without a report."""
 BEFORE_REPORT = "before reporting a result"
 NOT_FINISHED = "did not finish in time"
+AFTER_RETURN = "its function returned, but leaving the process group failed"
+"""What a rank reports when only its final barrier failed (a peer failed first)."""
 
 Report = tuple[int, bool, Any]  # (rank, ok, result or traceback text)
 
@@ -228,7 +230,10 @@ def _signal_name(number: int) -> str:
 
 def _failure_order(text: str) -> int:
     """Which failure to show in full: a rank that died without a report (most likely the cause
-    of the others' errors) before one that raised, before one that was stopped."""
+    of the others' errors) before one that raised, before one that was stopped, before one whose
+    function returned and only the final barrier failed."""
     if BEFORE_REPORT in text:
         return 0
+    if AFTER_RETURN in text:
+        return 3
     return 2 if text.startswith(NOT_FINISHED) else 1
