@@ -149,3 +149,18 @@ def test_fused_helpers_check_their_arguments():
     with pytest.raises(TypeError, match="dim must be an int"):
         mc.Fuse({"q": "q"}, dim="x")
     assert mc.Fuse({"q": "a"}, dim=np.int64(1)).dim == 1
+
+
+def test_gather_compares_replicas_byte_for_byte():
+    layout = mc.Layout(mc.Mesh([0, 1]), "R")
+    x = np.array([1.0, np.nan, 3.0], dtype=np.float32)
+    assert np.isnan(mc.gather({0: x, 1: x.copy()}, layout)[1])  # identical NaNs agree
+    with pytest.raises(ValueError, match="disagrees with another replica"):
+        mc.gather({0: np.zeros(3, np.float32), 1: -np.zeros(3, np.float32)}, layout)
+
+
+def test_a_scalar_is_one_piece_however_small_the_buckets():
+    task = mc.ReshardTask((), "float32", mc.Layout(mc.Mesh([0]), ""),
+                          mc.Layout(mc.Mesh([1, 2]), ""))
+    schedule = mc.build_schedule([mc.plan(task)], 1)
+    assert schedule.ranks == (0, 1, 2)

@@ -82,6 +82,23 @@ def _exact_runs(rank: int, counts: dict) -> list:
     return out
 
 
+def _packed_fan_out(rank: int) -> list[bool]:
+    """A packed (column-major) source broadcast to a host-mate through a segment and to another
+    host over a socket, with a budget smaller than the segment and a chunk: the segment the
+    sender fills is not waited for (it deadlocked until the timeout before)."""
+    task = ReshardTask((24, 20), "int32", Layout(Mesh([[0]]), "RR"), Layout(Mesh([[1, 4]]), "RR"))
+    full = _full(task.shape)
+    local = full.t().contiguous().t() if rank == 0 else None
+    p = meshcast.plan(task, TOPOLOGY, strategy="broadcast")
+    out = []
+    for mode in ("shm", "socket"):
+        os.environ["MESHCAST_INTRA"] = mode
+        got = meshcast.reshard(local, p, chunk_bytes=96, max_inflight_bytes=64, timeout=60)
+        out.append(got is None if task.dst_box(rank) is None else torch.equal(got, full))
+    os.environ.pop("MESHCAST_INTRA")
+    return out
+
+
 def _in_place(rank: int) -> dict:
     task = ReshardTask((24, 20), "int32", Layout(SRC, "RR"), Layout(DST, "S0R"))
     full = _full(task.shape)
@@ -173,7 +190,8 @@ def _many_runs(rank: int) -> dict:
 def _job(rank: int) -> dict:
     counts = _count_shm()
     report = {"runs": _exact_runs(rank, counts), "in_place": _in_place(rank),
-              "refusals": _refusals(rank), "many": _many_runs(rank)}
+              "refusals": _refusals(rank), "many": _many_runs(rank),
+              "packed": _packed_fan_out(rank)}
     report["kept"] = _segments_mapped() > 0 if rank in (4, 5, 6, 7) else None
     meshcast.clear_caches(["runtime.shm_segments", "runtime.shm_mappings"])
     report["mapped"] = _segments_mapped()
@@ -218,6 +236,10 @@ def test_a_bad_or_mixed_intra_setting_is_refused_on_every_rank(job: list[dict]) 
             assert "ranks [2] passed intra='bogus'" in r["refusals"]["bad"], r["refusals"]["bad"]
         assert "intra" in r["refusals"]["mixed"] and "6" in r["refusals"]["mixed"], \
             r["refusals"]["mixed"]
+
+
+def test_a_packed_fan_out_with_a_small_budget_goes_through(job: list[dict]) -> None:
+    assert [r["packed"] for r in job] == [[True, True]] * 8
 
 
 def test_reshard_many_is_exact_through_segments_and_sockets(job: list[dict]) -> None:

@@ -91,7 +91,7 @@ def _pieces(op: Op, k: int, plan: Plan, bucket_bytes: int) -> list[_Piece]:
     need = _staging(xfers, itemsize)
     worst = max(need.values(), default=0)
     cap = max(1, bucket_bytes // PIECES_PER_BUCKET)
-    if worst <= cap or isinstance(op, AllGather):
+    if worst <= cap or isinstance(op, AllGather) or not op.box:  # (a 0-d element is whole)
         return [_Piece(xfers, need, box_size(op.box) * itemsize)]
     longest = max(s.stop - s.start for s in op.box)
     out = []

@@ -239,12 +239,14 @@ class Budget:
         self._cond = threading.Condition()
         self._timeout = timeout
 
-    def acquire(self, nbytes: int, alone: bool = False) -> None:
+    def acquire(self, nbytes: int, alone: bool = False, exempt: int = 0) -> None:
         """Block until ``nbytes`` more fit, or nothing is in flight; ``alone=True`` (a caller with
-        nothing of its own in flight) never blocks, so no thread can starve another."""
+        nothing of its own in flight) never blocks, so no thread can starve another. ``exempt``:
+        bytes in flight that only the caller's own progress frees (a shared segment it is still
+        filling): not waited for, as if nothing else were in flight."""
         with self._cond:
             ok = self._cond.wait_for(
-                lambda: alone or self.used == 0 or self.used + nbytes <= self.limit,
+                lambda: alone or self.used <= exempt or self.used + nbytes <= self.limit,
                 timeout=self._timeout,
             )
             if not ok:

@@ -134,12 +134,14 @@ class Runner:
 
     # -- what every transport uses ------------------------------------------------------------
     def send_buffer(
-        self, shard: torch.Tensor, shard_region: Region, chunk: Box, block: bool = True
+        self, shard: torch.Tensor, shard_region: Region, chunk: Box, block: bool = True,
+        exempt: int = 0,
     ) -> tuple[torch.Tensor | None, int]:
         """``(buffer, packed bytes)`` holding ``chunk`` of ``shard`` contiguously: the shard's own
-        memory where it is contiguous, else a packed copy counted against the budget. ``(None,
-        0)`` when the rank is degraded (it sends placeholders), or when ``block`` is False and
-        the packed copy does not fit the budget now."""
+        memory where it is contiguous, else a packed copy counted against the budget (``exempt``:
+        see :meth:`Budget.acquire`). ``(None, 0)`` when the rank is degraded (it sends
+        placeholders), or when ``block`` is False and the packed copy does not fit the budget
+        now."""
         if self.failures.degraded.is_set():
             return None, 0
         buf = shard[shard_region.local(chunk)]
@@ -147,7 +149,7 @@ class Runner:
             return buf, 0
         extra = box_size(chunk) * self.itemsize
         if block:
-            self.budget.acquire(extra)
+            self.budget.acquire(extra, exempt=exempt)
         elif not self.budget.try_acquire(extra):
             return None, 0
         return buf.contiguous(), extra

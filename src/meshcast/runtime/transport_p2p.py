@@ -117,8 +117,9 @@ class PointToPoint:
         try:
             for k, chunk in enumerate(chunks):
                 live = [t for t in sockets if failures.sendable(t)]
-                if live:
-                    self._post_sends(runner, shard, shard_region, chunk, live, index, what, ranks)
+                if live:  # (the segment this thread fills is not waited for: only it frees it)
+                    self._post_sends(runner, shard, shard_region, chunk, live, index, what, ranks,
+                                     0 if writer is None else writer.nbytes)
                 if writer is not None:
                     writer.put(k, shard[shard_region.local(chunk)])
         finally:
@@ -127,9 +128,9 @@ class PointToPoint:
 
     @staticmethod
     def _post_sends(runner: Runner, shard, shard_region: Region, chunk: Box, live: list[int],
-                    index: int, what: str, ranks: tuple[int, ...]) -> None:
+                    index: int, what: str, ranks: tuple[int, ...], exempt: int = 0) -> None:
         failures, links = runner.failures, runner.links
-        buf, extra = runner.send_buffer(shard, shard_region, chunk)
+        buf, extra = runner.send_buffer(shard, shard_region, chunk, exempt=exempt)
         works = []
         for t in live:
             try:
