@@ -38,7 +38,6 @@ def _cpu() -> float:
 
 def _job(rank: int, n: int, reps: int) -> dict:
     import torch
-    import torch.distributed as dist
 
     import meshcast
     from meshcast import Layout, Mesh, ReshardTask, Topology
@@ -50,24 +49,36 @@ def _job(rank: int, n: int, reps: int) -> dict:
         plan = meshcast.plan(task, Topology.uniform(1, 4), strategy="broadcast")
         local = full.clone() if rank == 0 else None
         keep = torch.empty(n, dtype=torch.int32) if task.dst_box(rank) is not None else None
-        for inplace in (False, True):
-            for _ in range(reps + 1):
-                for mode in ("shm", "socket"):
-                    os.environ["MESHCAST_INTRA"] = mode
-                    dist.barrier()
-                    c, t = _cpu(), time.monotonic()
-                    got = meshcast.reshard(local, plan, out=keep if inplace else None)
-                    rec = (time.monotonic() - t, _cpu() - c)
-                    if got is not None and not torch.equal(got, full):
-                        raise AssertionError(f"rank {rank}: wrong data ({name}, {mode})")
-                    res.setdefault(f"{name} {'out=' if inplace else 'new'} {mode}", []).append(rec)
+
+        def run(out, plan=plan, local=local):
+            got = meshcast.reshard(local, plan, out=out)
+            return got is None or torch.equal(got, full)
+
+        _alternate(rank, name, reps, keep, run, res)
     _many(rank, n, reps, res)
     return res
 
 
+def _alternate(rank: int, name: str, reps: int, keep, run, res: dict) -> None:
+    """``run(out)`` (True if exact) with new results and with ``out=keep``, ``reps`` + 1 times,
+    alternating the two intra-host paths; ``res[key]``: (time, CPU) per run."""
+    import torch.distributed as dist
+
+    for inplace in (False, True):
+        for _ in range(reps + 1):
+            for mode in ("shm", "socket"):
+                os.environ["MESHCAST_INTRA"] = mode
+                dist.barrier()
+                c, t = _cpu(), time.monotonic()
+                exact = run(keep if inplace else None)
+                rec = (time.monotonic() - t, _cpu() - c)
+                if not exact:
+                    raise AssertionError(f"rank {rank}: wrong data ({name}, {mode})")
+                res.setdefault(f"{name} {'out=' if inplace else 'new'} {mode}", []).append(rec)
+
+
 def _many(rank: int, n: int, reps: int, res: dict) -> None:
     import torch
-    import torch.distributed as dist
 
     import meshcast
     from meshcast import Layout, Mesh, ReshardTask, Topology
@@ -82,18 +93,13 @@ def _many(rank: int, n: int, reps: int, res: dict) -> None:
             for t, f in zip(tasks, fulls)]
     keep = [None if t.dst_box(rank) is None else torch.empty_like(f[t.dst_box(rank)])
             for t, f in zip(tasks, fulls)]
-    for inplace in (False, True):
-        for _ in range(reps + 1):
-            for mode in ("shm", "socket"):
-                os.environ["MESHCAST_INTRA"] = mode
-                dist.barrier()
-                c, t = _cpu(), time.monotonic()
-                got = meshcast.reshard_many(srcs, plans, out=keep if inplace else None)
-                rec = (time.monotonic() - t, _cpu() - c)
-                for g, task, f in zip(got, tasks, fulls):
-                    if g is not None and not torch.equal(g, f[task.dst_box(rank)]):
-                        raise AssertionError(f"rank {rank}: wrong data (many, {mode})")
-                res.setdefault(f"many {'out=' if inplace else 'new'} {mode}", []).append(rec)
+
+    def run(out):
+        got = meshcast.reshard_many(srcs, plans, out=out)
+        return all(g is None or torch.equal(g, f[task.dst_box(rank)])
+                   for g, task, f in zip(got, tasks, fulls))
+
+    _alternate(rank, "many", reps, keep, run, res)
 
 
 def main() -> None:
