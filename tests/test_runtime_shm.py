@@ -282,9 +282,17 @@ def _dies_mid_fan_out(rank: int, victim: int, out_dir: str) -> str:
     task = ReshardTask((4 << 20,), "int32", Layout(Mesh([[0]]), "R"), Layout(DST, "R"))
     local = torch.ones(4 << 20, dtype=torch.int32) if rank == 0 else None
     p = meshcast.plan(task, TOPOLOGY, strategy="broadcast")
+    # 4 pieces of 16 chunks
+    return _attempt(rank, out_dir, lambda: meshcast.reshard(local, p, timeout=20,
+                                                            chunk_bytes=256 << 10))
+
+
+def _attempt(rank: int, out_dir: str, call) -> str:
+    """Run ``call``; write whether it returned or raised (naming whom), how long it took, the
+    segments still mapped and meshcast's threads still alive to ``out_dir``."""
     start = time.monotonic()
     try:
-        meshcast.reshard(local, p, timeout=20, chunk_bytes=256 << 10)  # 4 pieces of 16 chunks
+        call()
         result: dict = {"ok": True}
     except meshcast.ReshardError as exc:
         result = {"ok": False, "error": str(exc), "failed": list(exc.failed)}
@@ -295,20 +303,24 @@ def _dies_mid_fan_out(rank: int, victim: int, out_dir: str) -> str:
     return "done"
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("victim", [4, 6], ids=["leader", "member"])
-def test_a_rank_dying_mid_fan_out_leaves_no_segment(tmp_path: Path, victim: int) -> None:
+def _host_mates_raised(tmp_path: Path, victim: int, fn) -> None:
+    """Launch ``fn`` with ``victim`` dying: it exits with code 3, and each of its host-mates
+    raises naming it within 15 s, with no segment mapped and no meshcast thread left."""
     with pytest.raises(LaunchError) as info:
-        meshcast.launch(_dies_mid_fan_out, 8, hosts=TOPOLOGY, args=(victim, str(tmp_path)),
-                        timeout=120)
+        meshcast.launch(fn, 8, hosts=TOPOLOGY, args=(victim, str(tmp_path)), timeout=120)
     assert "exited with code 3" in info.value.failures[victim]
-    host = [r for r in (4, 5, 6, 7) if r != victim]  # the victim's host-mates
-    for rank in host:
+    for rank in [r for r in (4, 5, 6, 7) if r != victim]:
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert not r["ok"], f"rank {rank} returned although rank {victim} died"
         assert victim in r["failed"], r["error"]
         assert r["mapped"] == 0 and r["threads"] == []
         assert r["seconds"] < 15
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("victim", [4, 6], ids=["leader", "member"])
+def test_a_rank_dying_mid_fan_out_leaves_no_segment(tmp_path: Path, victim: int) -> None:
+    _host_mates_raised(tmp_path, victim, _dies_mid_fan_out)
     assert not [f for f in os.listdir("/dev/shm") if "meshcast" in f]
 
 
@@ -331,32 +343,16 @@ def _dies_mid_many(rank: int, victim: int, out_dir: str) -> str:
     os.environ["MESHCAST_INTRA"] = "shm"
     task = ReshardTask((1 << 18,), "int32", Layout(Mesh([[4]]), "R"), Layout(DST, "R"))
     local = torch.ones(1 << 18, dtype=torch.int32) if rank == 4 else None
-    start = time.monotonic()
-    try:
-        meshcast.reshard_many([local], [meshcast.plan(task, TOPOLOGY)], bucket_bytes=64 << 10,
-                              timeout=20)
-        result: dict = {"ok": True}
-    except meshcast.ReshardError as exc:
-        result = {"ok": False, "error": str(exc), "failed": list(exc.failed)}
-    result["seconds"] = time.monotonic() - start
-    result["mapped"] = _segments_mapped()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    return "done"
+    p = meshcast.plan(task, TOPOLOGY)
+    return _attempt(rank, out_dir, lambda: meshcast.reshard_many([local], [p],
+                                                                 bucket_bytes=64 << 10,
+                                                                 timeout=20))
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("victim", [4, 6], ids=["sender", "receiver"])
 def test_a_rank_dying_mid_reshard_many_leaves_no_segment(tmp_path: Path, victim: int) -> None:
-    with pytest.raises(LaunchError) as info:
-        meshcast.launch(_dies_mid_many, 8, hosts=TOPOLOGY, args=(victim, str(tmp_path)),
-                        timeout=120)
-    assert "exited with code 3" in info.value.failures[victim]
-    for rank in [r for r in (4, 5, 6, 7) if r != victim]:
-        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert not r["ok"], f"rank {rank} returned although rank {victim} died"
-        assert victim in r["failed"], r["error"]
-        assert r["mapped"] == 0
-        assert r["seconds"] < 15
+    _host_mates_raised(tmp_path, victim, _dies_mid_many)
 
 
 def test_chunks_are_grouped_into_pieces_the_same_way_on_both_sides() -> None:
