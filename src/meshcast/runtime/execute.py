@@ -82,11 +82,8 @@ def _bad_argument(
     if transport is not None and transport not in TRANSPORTS:
         return (f"transport must be one of {', '.join(map(repr, TRANSPORTS))} (or None: "
                 f"'collectives' for CUDA tensors, else 'p2p'), got {transport!r}")
-    for argument, value in (
-        ("timeout", timeout),
-        ("chunk_bytes", chunk_bytes),
-        ("max_inflight_bytes", max_inflight_bytes),
-    ):
+    for argument, value in (("chunk_bytes", chunk_bytes),
+                            ("max_inflight_bytes", max_inflight_bytes)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             return f"{argument} must be a positive number, got {value!r}"
     return timeout_problem(timeout) or (
