@@ -1,7 +1,7 @@
 """What a shard of several boxes costs: plan time, and bytes the runtime packs.
 
     .venv/bin/python benchmarks/layout_cost.py [--ks 1,2,4,8] [--repeat 3] [--cases small,large]
-                                               [--no-runtime]
+                                               [--no-runtime] [--no-patterns]
 
 (a) Plan time, and the time of the plan's first check. The same task with each source rank
 holding k boxes: ``S01[k]R`` (mesh axis 0 halves dimension 0, then axis 1 splits each half into k
@@ -19,8 +19,12 @@ for ``reshard`` the runner's ``send_buffer`` / ``recv_buffer`` (their packed-byt
 staged whole, on both sides; one contiguous segment travels zero-copy). Beside them: the bytes
 of the operations' boxes that are not contiguous in the rank's local tensor (numpy views of the
 same shapes). ``reshard`` packing exactly those bytes, and ``reshard_many`` staging each of them
-once, means each non-contiguous part is packed at most once. A timing and counting tool, not a
-test.
+once, means each non-contiguous part is packed at most once.
+
+(c) Other patterns: ``balance="auto"`` plan time (best of --repeat, CPU) of a 4096x1024 float32
+tensor from a source of k boxes per rank to a one-box destination, on the default topology of
+the two meshes (hosts of 4 ranks, one 10 Gbit/s NIC each), its ratio to k = 1 and its sim/bound;
+then two fused QKV tensors. A timing and counting tool, not a test.
 """
 
 from __future__ import annotations
@@ -185,17 +189,65 @@ def pack_table(ks: list[int]) -> None:
         print("  ".join(f"{v:>{len(h)}}" for v, h in zip([k, *cells], heads)))
 
 
+# -- (c) other patterns: source spec with {k} -> destination ----------------------------------
+PATTERNS = (
+    ("2x4:S01{k}R", "2x4@8:S01R"),
+    ("2x4:S01{k}R", "4@8:S0R"),
+    ("2x4:S01{k}R", "2x4@8:S0R"),
+    ("2x4:S01{k}R", "2x4@8:RS1"),
+    ("4:S0{k}R", "2x4@4:S01R"),
+    ("2x4:S01{k}R", "2x4@4:RS01"),
+)
+FUSED = (  # grouped-query attention's fused QKV, and the same tensor with every part S01
+    ("2x4:{q=2048:S01+k=1024:S0+v=1024:S0}R", "2x4@8:RS01"),
+    ("2x4:{q=2048:S01+k=1024:S01+v=1024:S01}R", "2x4@8:RS01"),
+)
+
+
+def auto_seconds(src: str, dst: str, repeat: int) -> tuple[float, float]:
+    """Best of ``repeat`` CPU seconds of ``meshcast.plan(task, cache=False)`` (the default
+    topology of the two meshes) for a 4096x1024 float32 tensor, and its sim/bound."""
+    best, quality = math.inf, math.nan
+    for _ in range(repeat):
+        task = mc.ReshardTask((4096, 1024), "float32", mc.Layout.parse(src),
+                              mc.Layout.parse(dst))
+        t0 = time.process_time()
+        plan = mc.plan(task, cache=False)
+        best = min(best, time.process_time() - t0)
+        quality = mc.simulate(plan).time_s / mc.lower_bound(task, plan.topology)
+    return best, quality
+
+
+def pattern_table(ks: list[int], repeat: int) -> None:
+    print(f"\n(c) auto plan time (CPU ms, best of {repeat}) and sim/bound, 4096x1024 float32")
+    print(f"{'source -> destination':<44} " + " ".join(f"{'k=' + str(k):>15}" for k in ks))
+    for src, dst in PATTERNS:
+        cells, base = [], None
+        for k in ks:
+            seconds, quality = auto_seconds(src.format(k="" if k == 1 else f"[{k}]"), dst, repeat)
+            base = seconds if base is None else base
+            cells.append(f"{seconds * 1e3:6.1f} {seconds / base:4.1f}x {quality:.3f}")
+        print(f"{src.format(k='[k]') + ' -> ' + dst:<44} " + " ".join(f"{c:>15}" for c in cells),
+              flush=True)
+    for src, dst in FUSED:
+        seconds, quality = auto_seconds(src, dst, repeat)
+        print(f"{src} -> {dst}: {seconds * 1e3:.1f} ms, {quality:.3f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ks", default="1,2,4,8", help="boxes per source rank (comma list)")
     parser.add_argument("--repeat", type=int, default=3, help="plan timings per figure (best)")
     parser.add_argument("--cases", default="small,large", help=f"of {', '.join(CASES)}")
     parser.add_argument("--no-runtime", action="store_true", help="skip (b), the gloo job")
+    parser.add_argument("--no-patterns", action="store_true", help="skip (c)")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     plan_table(args.cases.split(","), ks, args.repeat)
     if not args.no_runtime:
         pack_table(ks)
+    if not args.no_patterns:
+        pattern_table(ks, args.repeat)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,42 @@ def test_auto_plans_classes_of_slices_exactly(task: mc.ReshardTask) -> None:
         assert not SliceClasses(list(iter_slices(task))).merged
 
 
+def test_classes_expand_in_passes_and_auto_searches_one_pass() -> None:
+    """Operations on classes expand in passes (the j-th box of every operation, pass after
+    pass); where ``"auto"``'s own plan is far above the lower bound (start-ups dominate: k = 8
+    boxes per rank, meshes sharing ranks) its local search reorders one pass and repeats it:
+    the plan is still exact and the same on every call."""
+    from meshcast.core.plan import Plan
+    from meshcast.core.task import iter_slices
+    from meshcast.estimate.lower_bound import lower_bound_details
+    from meshcast.planning.auto import _search_in_passes
+    from meshcast.planning.classes import SliceClasses
+    from meshcast.planning.own import OwnMethod
+
+    task = mc.ReshardTask((64, 16), "int32", mc.Layout.parse("2x4:S01[8]R"),
+                          mc.Layout.parse("2x4@4:RS01"))
+    topology = mc.Topology.from_meshes(task.src.mesh, task.dst.mesh)
+    classes = SliceClasses(list(iter_slices(task)))
+    assert classes.merged and len(classes.virtual) * 8 == len(task.unit_slices())
+    own = OwnMethod(task, topology, lower_bound_details(task, topology), None, 4096)
+    position, label, _, expanded, _ = own.variant_stages()[0]()[0]
+    virtual = own.virtual_ops(position)
+    kept, first = classes.first_pass(virtual)
+    assert len(first) == len(virtual) and expanded[: len(first)] == first
+    assert len(expanded) == 8 * len(first)  # every class part covers its 8 boxes
+    searched = _search_in_passes(task, topology, classes, virtual, label)
+    assert sorted(map(repr, searched)) == sorted(map(repr, expanded))  # reordered only
+    Plan(task, searched, label, "auto", topology).check()
+
+    plan = mc.plan(task, topology, cache=False)
+    assert mc.simulate(plan).time_s > 1.2 * mc.lower_bound(task, topology)  # searched
+    assert plan.to_json() == mc.plan(task, topology, cache=False).to_json()
+    x = sample_array(task)
+    got = mc.execute_local(plan, mc.scatter(x, task.src))
+    want = mc.scatter(x, task.dst)
+    assert all(np.array_equal(got[r], want[r]) for r in want)
+
+
 # -- (d) steps of split factor 1 are plain Shard -------------------------------------------------
 def _with_unit_factors(spec: str, draw) -> str:
     """``spec`` with ``[1]`` written after some of its mesh-axis digits."""

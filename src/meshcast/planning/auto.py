@@ -40,6 +40,7 @@ from .budgets import (
     SEED,
     seeded_rng,
 )
+from .classes import SliceClasses
 from .fixed import STRATEGIES, fixed_plan
 from .floors import first_holder_floor, strategy_floors
 from .large import large_plan
@@ -86,6 +87,7 @@ def auto_plan(
     lbd = lower_bound_details(task, topology)
     pool = _Pool(task, topology)
     fixed = _FixedStage(task, topology, lbd, strategy, pool)
+    own = None
     if strategy in (None, "broadcast"):
         own = OwnMethod(task, topology, lbd, strategy, sim_limit)
         good = lbd.unmargined_s * (1 + AUTO_GOOD_ENOUGH)
@@ -112,16 +114,28 @@ def auto_plan(
         pool.add(fixed())
     best = pool.best()
     if pool.times[best] > AUTO_SEARCH_GAP * lbd.unmargined_s:
-        # local search from the fastest candidate without all-gathers (any order of copies,
-        # sends and broadcasts moves the same data; an all-gather must follow its parts)
-        free = [i for i, c in enumerate(pool.candidates)
-                if not any(isinstance(op, AllGather) for op in c[3])]
-        if free:
-            _, label, _, ops, fallbacks = pool.candidates[pool.fastest(free)]
-            ops, t = local_search(task, topology, ops, label)
-            if t < pool.times[best]:
-                return Plan(task, ops, label, "auto", topology, fallbacks)
+        searched = _searched(pool, own)
+        if searched is not None and simulated_time(searched, topology) < pool.times[best]:
+            return searched
     return pool.plan(best)
+
+
+def _searched(pool: _Pool, own: OwnMethod | None) -> Plan | None:
+    """The local search from the fastest candidate without all-gathers (any order of copies,
+    sends and broadcasts moves the same data; an all-gather must follow its parts); for our own
+    method's plans on classes, the search of the order of one pass (None: no such candidate)."""
+    free = [i for i, c in enumerate(pool.candidates)
+            if not any(isinstance(op, AllGather) for op in c[3])]
+    if not free:
+        return None
+    task, topology = pool.task, pool.topology
+    position, label, _, ops, fallbacks = pool.candidates[pool.fastest(free)]
+    virtual = None if own is None else own.virtual_ops(position)
+    if virtual is None:
+        ops, _ = local_search(task, topology, ops, label)
+    else:
+        ops = _search_in_passes(task, topology, own.classes, virtual, label)
+    return Plan(task, ops, label, "auto", topology, fallbacks)
 
 
 class _FixedStage:
@@ -342,13 +356,32 @@ def local_search(
     Seeded; at most :data:`AUTO_SEARCH_STEPS` moves and :data:`AUTO_SEARCH_BUDGET` simulated
     operations in all. Returns the best order and its simulated time.
     """
+    order, t = _search_order(task, topology, ops, label)
+    return tuple(ops[k] for k in order), t
+
+
+def _search_in_passes(task: ReshardTask, topology: Topology, classes: SliceClasses,
+                      ops: list[Op], label: str) -> tuple[Op, ...]:
+    """:func:`local_search` for the own method's ``ops`` on ``classes``: the order of their
+    first pass (:meth:`~meshcast.planning.classes.SliceClasses.first_pass`, one operation per
+    class part: the work of the one-box task's search) is searched and repeated in every pass.
+    Returns the expanded operations."""
+    kept, first = classes.first_pass(ops)
+    order, _ = _search_order(task, topology, first, label)
+    return classes.expand([ops[kept[k]] for k in order])
+
+
+def _search_order(
+    task: ReshardTask, topology: Topology, ops: tuple[Op, ...], label: str
+) -> tuple[list[int], float]:
+    """:func:`local_search`'s order (indices of ``ops``) and its simulated time."""
     n = len(ops)
     sim = OrderSimulator(Plan(task, ops, label, "auto", topology), topology)
     cur = list(range(n))  # the order, as indices of ops
     end = sim.end_s(cur)
     t = max(end, default=0.0)
     if n < 2:
-        return ops, t
+        return cur, t
     rng = seeded_rng(SEED, 7)
     for _ in range(min(AUTO_SEARCH_STEPS, AUTO_SEARCH_BUDGET // n)):
         late = np.argsort(end, kind="stable")
@@ -360,4 +393,4 @@ def local_search(
         new = sim.end_s(cand)
         if max(new) < t:
             cur, end, t = cand, new, max(new)
-    return tuple(ops[k] for k in cur), t
+    return cur, t

@@ -52,7 +52,9 @@ class OwnMethod:
         self.built: dict[tuple[bool, bool], tuple[list[Item], str]] = {}
         self.crit: dict[int, list[float]] = {}  # per built variant: the dispatch priorities
         self.switches: dict[tuple[bool, bool], OwnItems] = {}  # the variants own_items built
-        self.ordered: dict[tuple[int, str], tuple[Op, ...]] = {}  # (id of items, order): ops
+        # (id of items, order): the ops on classes and expanded
+        self.ordered: dict[tuple[int, str], tuple[list[Op], tuple[Op, ...]]] = {}
+        self._virtual: dict[tuple, list[Op]] = {}  # candidate position: ops on classes
 
     def variant_stages(self) -> list[Callable[[], list[Candidate]]]:
         """One stage per variant of :data:`OWN_VARIANTS` (only the first above ``sim_limit``
@@ -66,9 +68,21 @@ class OwnMethod:
             self.built[(stripe, chunk)] = self._items(stripe, chunk)
         items, label = self.built[(stripe, chunk)]
         if (id(items), order) not in self.ordered:  # items shared by variants: ordered once
-            self.ordered[(id(items), order)] = self.classes.expand(
-                order_items(items, order, self.lat))
-        return ((0, k), label, "own", self.ordered[(id(items), order)], ())
+            ops = order_items(items, order, self.lat)
+            self.ordered[(id(items), order)] = ops, self.classes.expand(ops)
+        return self._candidate((0, k), label, *self.ordered[(id(items), order)])
+
+    def _candidate(self, position: tuple, label: str, ops: list[Op],
+                   expanded: tuple[Op, ...]) -> Candidate:
+        """The candidate of ``ops`` on classes, ``expanded``; :meth:`virtual_ops` keeps
+        ``ops``."""
+        self._virtual[position] = ops
+        return (position, label, "own", expanded, ())
+
+    def virtual_ops(self, position: tuple) -> list[Op] | None:
+        """The operations on classes of the candidate at ``position`` when it is one of ours
+        and some class has several slices (else None: its operations are the real ones)."""
+        return self._virtual.get(position) if self.classes.merged else None
 
     def _items(self, stripe: bool, chunk: bool) -> tuple[list[Item], str]:
         """The items of one sender variant and their strategy label: those of a variant built
@@ -80,6 +94,10 @@ class OwnMethod:
         else:
             built = own_items(self.task, self.topology, self.classes.virtual, self.lbd,
                               stripe=stripe, chunk=chunk, p2p=self.strategy is None)
+            if self.classes.merged:  # an item pays one start-up per box it covers
+                built = built._replace(items=[
+                    it._replace(dur=it.dur + (self.classes.boxes_in(it.op) - 1) * self.lat)
+                    for it in built.items])
             self.switches[(stripe, chunk)] = built
         return built.items, "auto" if built.used_p2p else "broadcast"
 
@@ -107,5 +125,5 @@ class OwnMethod:
         for k in range(first, min(first + TRIALS_PER_STAGE, trials)):
             rng = seeded_rng(SEED, c, k)
             ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng, crit=self.crit[c])
-            out.append(((1, c, k), label, "own", self.classes.expand(ops), ()))
+            out.append(self._candidate((1, c, k), label, ops, self.classes.expand(ops)))
         return out
