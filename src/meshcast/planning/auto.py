@@ -115,15 +115,16 @@ def auto_plan(
     best = pool.best()
     if pool.times[best] > AUTO_SEARCH_GAP * lbd.unmargined_s:
         searched = _searched(pool, own)
-        if searched is not None and simulated_time(searched, topology) < pool.times[best]:
-            return searched
+        if searched is not None and searched[1] < pool.times[best]:
+            return searched[0]
     return pool.plan(best)
 
 
-def _searched(pool: _Pool, own: OwnMethod | None) -> Plan | None:
+def _searched(pool: _Pool, own: OwnMethod | None) -> tuple[Plan, float] | None:
     """The local search from the fastest candidate without all-gathers (any order of copies,
     sends and broadcasts moves the same data; an all-gather must follow its parts); for our own
-    method's plans on classes, the search of the order of one pass (None: no such candidate)."""
+    method's plans on classes, the search of the order of one pass. The plan found and its
+    simulated time (None: no such candidate)."""
     free = [i for i, c in enumerate(pool.candidates)
             if not any(isinstance(op, AllGather) for op in c[3])]
     if not free:
@@ -132,10 +133,11 @@ def _searched(pool: _Pool, own: OwnMethod | None) -> Plan | None:
     position, label, _, ops, fallbacks = pool.candidates[pool.fastest(free)]
     virtual = None if own is None else own.virtual_ops(position)
     if virtual is None:
-        ops, _ = local_search(task, topology, ops, label)
-    else:
-        ops = _search_in_passes(task, topology, own.classes, virtual, label)
-    return Plan(task, ops, label, "auto", topology, fallbacks)
+        ops, t = local_search(task, topology, ops, label)
+        return Plan(task, ops, label, "auto", topology, fallbacks), t
+    ops = _search_in_passes(task, topology, own.classes, virtual, label)
+    found = Plan(task, ops, label, "auto", topology, fallbacks)
+    return found, simulated_time(found, topology)
 
 
 class _FixedStage:
