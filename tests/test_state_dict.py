@@ -152,6 +152,19 @@ def _state_dict_job(rank: int) -> list[str]:
             in text
         if not ("different plans" in text or "another plan" in text) or not named:
             failures.append(f"different plans: unclear error on rank {rank}: {exc}")
+    # 7. rank 2 lists two tensors of the same plan in another order (the plans agree, the names
+    # do not): every rank refuses before sending, where the data would have gone to the wrong one
+    twins = [n for n in tasks if tasks[n] == tasks["h.0.ln_1.weight"]][:2]
+    order = list(tasks)
+    if rank == 2:
+        i, j = order.index(twins[0]), order.index(twins[1])
+        order[i], order[j] = order[j], order[i]
+    try:
+        mc.reshard_state_dict(local, {n: tasks[n] for n in order}, timeout=60)
+        failures.append(f"twins swapped: no error on rank {rank}")
+    except ValueError as exc:
+        if "another order" not in str(exc) or not (rank == 2 or "ranks [2]" in str(exc)):
+            failures.append(f"twins swapped: unclear error on rank {rank}: {exc}")
     check(mc.reshard_state_dict(local, tasks, timeout=60), sd, tasks, "after errors")
     return failures
 

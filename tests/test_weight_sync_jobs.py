@@ -17,7 +17,8 @@ engine's parameter; FP8 engine parameters with block and per-tensor scales
 parameter as one error on both sides; a trainer rank dying as the FP8 block maxima are exchanged
 is named on every engine rank, whose weights and scales keep the previous version. Misuse on
 one rank (name maps that differ between trainer ranks, a layout over ranks the job lacks, a push
-of a wrong shape, dtype or type) is refused on every rank of both jobs before anything moves.
+of a wrong shape, dtype or type, two syncs of tensors alike used in another order) is refused
+on every rank of both jobs before anything moves.
 """
 
 from __future__ import annotations
@@ -169,3 +170,8 @@ def test_misuse_on_one_rank_is_refused_on_both_sides_before_anything_moves() -> 
                                           "declared float32", "params must be a mapping")):
             assert rule in text and "nothing was sent" in text, text
     assert [seen[5] for seen in engine] == [True, True]  # the good push after them, exact
+    crossed = [seen[5:7] for seen in trainer] + [seen[6:8] for seen in engine]
+    for texts in crossed:  # two syncs in another order: refused, nothing sent
+        for text in texts:
+            assert "another order" in text and "nothing was sent" in text, text
+    assert [seen[-1] for seen in engine] == [True, True]  # then in the same order, exact

@@ -435,7 +435,9 @@ def misuse(rank: int, address: str, role: str) -> list[str]:
     """Two ranks per job: name maps that differ between trainer ranks (they would feed the engine
     tensors from swapped trainer tensors), a layout over ranks the job does not have, then a
     push of a wrong shape, a wrong dtype and not a mapping (each refused on every rank of both
-    jobs, nothing sent), and a good push; the errors each rank sees, and the final values."""
+    jobs, nothing sent), and a good push; then two syncs used in another order by the engine
+    (refused) and in the same order; the errors each rank sees, and whether the engine's good
+    syncs were exact."""
     import torch
 
     group = mc.connect(address, role, model="misuse", timeout=60)
@@ -466,6 +468,22 @@ def misuse(rank: int, address: str, role: str) -> list[str]:
             seen.append(str(exc))
     if role == "trainer":
         sync.push(mine, version=9)
+    else:
+        got = sync.receive()
+        seen.append(all(torch.equal(got.tensors[n], mine[n]) for n in "ab"))
+    # two syncs of tensors alike, used in another order by the engine: refused on every rank
+    # (their plans agree, their names and syncs do not), then used in the same order, exact
+    one = {n: mc.WeightSync(group, {n: desc[n]}) for n in "ab"}
+    for n in ("ab" if role == "trainer" else "ba"):
+        try:
+            if role == "trainer":
+                one[n].push({n: mine[n]}, version=10)
+            else:
+                one[n].receive()
+            seen.append("no error")
+        except ValueError as exc:
+            seen.append(str(exc))
+    if role == "trainer":
+        one["a"].push({"a": mine["a"] + 1}, version=11)
         return seen
-    got = sync.receive()
-    return [*seen, all(torch.equal(got.tensors[n], mine[n]) for n in "ab")]
+    return [*seen, torch.equal(one["a"].receive().tensors["a"], mine["a"] + 1)]

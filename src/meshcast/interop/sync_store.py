@@ -69,11 +69,10 @@ def commit(group: JointGroup, key: str, version: int | None, failure: ReshardErr
     try:
         store.set(f"{key}/{group.me}", json.dumps(mine))
         if failure is not None:
-            store.compare_set(f"{key}/failed", "", json.dumps(mine))
+            store.compare_set(f"{key}/verdict", "", json.dumps(mine))
         store.add(f"{key}/done", 1)
-    except Exception as exc:
-        if failure is None:
-            raise _unreachable(group, caller, exc) from exc
+    except Exception as exc:  # the store is gone, whatever else failed
+        raise _unreachable(group, caller, exc) from exc
     if failure is not None:  # said in the store where it could be: the others raise too
         who = group.describe(mine["failed"]) if mine["failed"] else "an unknown rank"
         raise WeightSyncError(f"{caller} on {group.role} rank {group.rank} failed ({who} failed "
@@ -94,24 +93,35 @@ def commit(group: JointGroup, key: str, version: int | None, failure: ReshardErr
 
 def _wait_commits(group: JointGroup, key: str, timeout: float, kept: str,
                   caller: str) -> list[dict]:
-    store = group.store
+    """Every rank's commit record once the sync's verdict is ``"ok"``; else
+    :class:`WeightSyncError`. The verdict is set once (``compare_set``): ``"ok"`` by a rank that
+    sees every rank's success, a failure by the first rank that failed or that timed out
+    waiting, so a rank that comes late to a sync others gave up never commits it."""
+    store, verdict = group.store, f"{key}/verdict"
     start, pause = time.monotonic(), POLL_S[0]
-    while store.add(f"{key}/done", 0) < group.size:
-        if store.check([f"{key}/failed"]):
-            first = json.loads(store.get(f"{key}/failed").decode())
+    while True:
+        if store.add(f"{key}/done", 0) >= group.size:
+            decided = store.compare_set(verdict, "", "ok").decode()
+        elif time.monotonic() - start > timeout:
+            missing = [j for j in range(group.size) if not store.check([f"{key}/{j}"])]
+            late = {"rank": group.me, "failed": missing,
+                    "error": f"{group.describe(missing)} did not finish the sync within "
+                             f"{timeout:g} s"}
+            decided = store.compare_set(verdict, "", json.dumps(late)).decode()
+        else:
+            decided = store.get(verdict).decode() if store.check([verdict]) else ""
+        if decided == "ok":
+            return [json.loads(v)
+                    for v in store.multi_get([f"{key}/{j}" for j in range(group.size)])]
+        if decided:
+            first = json.loads(decided)
             failed = tuple(first["failed"] or [first["rank"]])
             raise WeightSyncError(
                 f"{caller} on {group.role} rank {group.rank}: the sync failed on "
                 f"{group.describe([first['rank']])} ({group.describe(list(failed))} failed "
                 f"first: {first['error']}); {kept}", failed, failed)
-        if time.monotonic() - start > timeout:
-            missing = [j for j in range(group.size) if not store.check([f"{key}/{j}"])]
-            raise WeightSyncError(
-                f"{caller} on {group.role} rank {group.rank}: {group.describe(missing)} did not "
-                f"finish the sync within {timeout:g} s; {kept}", tuple(missing), tuple(missing))
         time.sleep(pause)
         pause = min(2 * pause, POLL_S[1])
-    return [json.loads(v) for v in store.multi_get([f"{key}/{j}" for j in range(group.size)])]
 
 
 def forget(group: JointGroup, key: str) -> None:
@@ -119,7 +129,7 @@ def forget(group: JointGroup, key: str) -> None:
     read once any rank has committed a later one), and on joint rank 0 the sync's counters, so
     the store does not grow with the number of syncs."""
     store = group.store
-    keys = [f"{key}/{group.me}"] + ([f"{key}/done", f"{key}/failed"] if group.me == 0 else [])
+    keys = [f"{key}/{group.me}"] + ([f"{key}/done", f"{key}/verdict"] if group.me == 0 else [])
     for k in keys:
         with contextlib.suppress(Exception):  # the store gone: nothing to keep tidy
             store.delete_key(k)

@@ -103,7 +103,8 @@ class WeightSync:
         self.timeout = group.timeout if timeout is None else float(timeout)
         self.bucket_bytes, self.atomic, self.version = bucket_bytes, bool(atomic), version
         self.convert = _cast if convert is None else convert
-        self.key = f"sync/{group.next_sync()}"
+        self.index = group.next_sync()  # this WeightSync's number on the group
+        self.key = f"sync/{self.index}"
         self.steps = 0
         self._staging: dict[str, torch.Tensor] = {}
         records = exchange(group, f"{self.key}/describe",
@@ -170,8 +171,9 @@ class WeightSync:
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int, got {type(version).__name__}")
         me, local, errors = self.group.me, {}, _params_problem(params, self.group.rank)
+        readable = not errors  # a mapping: every shard's problem is found
         for k, route in enumerate(self.routes):
-            if route.task.src_region(me) is not None and not errors:
+            if route.task.src_region(me) is not None and readable:
                 local[k] = _local(params.get(route.source))
                 why = _trainer_shard_problem(local[k], route, self.dtypes[route.source], me)
                 if why is not None:
@@ -186,7 +188,9 @@ class WeightSync:
         def prepare() -> None:  # the FP8 tensors' amax, before the weights move
             amax.update(combine(self.fp8, local, self.group, self.timeout)[0])
 
-        return self._run(shards, [None] * len(shards), errors, version, "push", prepare)[0]
+        result = self._run(shards, [None] * len(shards), errors, version, "push", prepare)[0]
+        self.version = result.version  # what the engine holds now
+        return result
 
     def _maker(self, name: str, shard: torch.Tensor, dtype: torch.dtype):
         """The shard converted to the wire's dtype when the transfer first needs it (so the
@@ -283,7 +287,8 @@ class WeightSync:
             results = run_many(shards, self.plans, bucket_bytes=self.bucket_bytes,
                                timeout=self.timeout, names=[r.label for r in self.routes],
                                errors=errors, out=outs, group=self.group, caller=caller,
-                               overlap=True)
+                               overlap=True,
+                               sync=f"WeightSync #{self.index} of the group, sync #{step}")
         except ValueError as exc:  # refused on every rank before anything moved
             raise ValueError(f"{exc} (the engine's parameters keep version "
                              f"{self.version})") from None

@@ -46,7 +46,8 @@ and dropped with the group)."""
 def agree(
     call: Call, record: dict[str, Any], abort: Callable[[], str | None] | None = None
 ) -> None:
-    """Exchange ``record`` (``plan``, ``options``, ``error``, ``what``) with every rank of
+    """Exchange ``record`` (``plan``, ``options``, ``error``, ``what``, optionally ``names``: a
+    digest of the tensors' names, compared where two ranks give one) with every rank of
     ``call``; raise ``ValueError`` on every rank if any differ or any has an error,
     :class:`ReshardError` if a rank does not come within the call's timeout.
 
@@ -251,9 +252,11 @@ def _absent(call: Call, missing: list[int]) -> str:
             where.append(f"rank {q} has not called meshcast on this process group")
         elif at["call"] == call.key:
             where.append(f"rank {q} joined but its record did not arrive")
-        else:
-            where.append(f"rank {q} is in another call ({at['what']} over ranks "
-                         f"{_ranks(at['ranks'])}, {at['state']})")
+        else:  # its record is only rewritten by its next call: it may be long done
+            refused = ", refused" if at["state"] == "refused" else ""
+            where.append(f"rank {q}'s last call was another ({at['what']} over ranks "
+                         f"{_ranks(at['ranks'])}{refused}) and it has not come to this one: "
+                         f"busy elsewhere, or dead")
     return (
         f"ranks {missing} did not join the input agreement within {call.timeout:g} s "
         f"({'; '.join(where)}) (ranks involved: {list(call.ranks)})"
@@ -272,6 +275,13 @@ def _compare(call: Call, records: dict[int, dict]) -> str | None:
         return (f"ranks {plans} called with different plans than rank {call.me} (rank {q}: "
                 f"{records[q]['what']}; rank {call.me}: {mine['what']}); every rank must pass "
                 f"the same plans in the same order")
+    mine_names = mine.get("names")
+    names = [q for q in call.ranks if mine_names is not None
+             and records[q].get("names") not in (None, mine_names)]
+    if names:
+        return (f"ranks {names} passed the same plans for tensors of other names or in another "
+                f"order than rank {call.me} (names digest {records[names[0]]['names']} against "
+                f"{mine_names}): every rank must pass the same tensors in the same order")
     for name, value in mine["options"].items():
         differ = [q for q in call.ranks if records[q]["options"].get(name) != value]
         if differ:

@@ -120,7 +120,9 @@ def reshard_many(
     bucket each pair of ranks exchanges one packed message per phase. Inputs are checked on every
     rank and the plan ranks agree through the store before any data moves: a bad input, or plans
     or ``bucket_bytes`` that differ between ranks, raise ``ValueError`` everywhere at once, naming
-    the tensor (``names[k]`` when given), the rank and the rule. A failed or stopped peer, or any
+    the tensor (``names[k]`` when given), the rank and the rule; ``names`` that differ between
+    ranks (tensors of the same plans passed in another order) are refused so too. A failed or
+    stopped peer, or any
     wait longer than ``timeout`` seconds, raises :class:`meshcast.ReshardError` as
     :func:`meshcast.reshard` does. ``out[k]`` (where not None) receives tensor k's destination
     shard in place and is returned as its result: any strides, e.g. a slice of a fused tensor's
@@ -143,13 +145,15 @@ def run_many(
     group: dist.ProcessGroup | JointGroup | None = None,
     caller: str = "meshcast.reshard_many",
     overlap: bool = False,
+    sync: str | None = None,
 ) -> list[torch.Tensor | None]:
     """:func:`reshard_many`, with ``errors`` this rank found in its inputs before (messages that
     name the tensor and the rule, as the state-dict integration finds them): the first is raised
     on every rank of the plans as an input error, through the same agreement. ``caller`` names
     the function the user called in every error. ``tensors[k]`` may be a function making the
     source on demand, and ``overlap`` packs the next phase while the current one's sends are in
-    flight (exchange.py; the schedule is then cut at half of ``bucket_bytes``)."""
+    flight (exchange.py; the schedule is then cut at half of ``bucket_bytes``). ``sync`` names
+    the weight sync and step the call belongs to, agreed like an option (weight_sync.py)."""
     plans, tensors = list(plans), list(tensors)
     outs = [None] * len(plans) if out is None else list(out)
     if not_a_member(group, tensors + outs):
@@ -173,7 +177,8 @@ def run_many(
         _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me,
                  where, caller)
         return [None] * len(plans)
-    call, dev, intra = _join(tensors, outs, plans, ranks, me, errors, label, bucket_bytes,
+    call, dev, intra = _join(tensors, outs, plans, ranks, me, errors, label,
+                             {"bucket_bytes": bucket_bytes, "sync": sync}, names is not None,
                              timeout, device, where, caller)
     links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group), float(timeout))
     failures = Failures(call, float(timeout))
@@ -215,12 +220,13 @@ def _outside(tensors: list, errors: list[str], label: list[str], me: int, where:
 
 def _join(
     tensors: list, outs: list, plans: list[Plan], ranks: Sequence[int], me: int,
-    errors: list[str], label: list[str], bucket_bytes: int, timeout: float,
+    errors: list[str], label: list[str], options: dict, named: bool, timeout: float,
     device: torch.device | str | None, where: object, caller: str,
 ) -> tuple[Call, torch.device, str | None]:
-    """Check this rank's shards and agree with the plans' ranks (raises on every rank if any
-    rank cannot go ahead); the call, the results' device and the intra-host path (shm.py; None
-    for CUDA tensors, which have no path of their own)."""
+    """Check this rank's shards and agree with the plans' ranks on the plans, ``options``, and
+    the tensors' names where ``named`` (``label``); raises on every rank if any rank cannot go
+    ahead. The call, the results' device and the intra-host path (shm.py; None for CUDA tensors,
+    which have no path of their own)."""
     try:
         dev = _device(tensors + outs, device, None if where is dist.group.WORLD else where)
     except ValueError as exc:
@@ -250,10 +256,17 @@ def _join(
     if errors:
         error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
     agree(call, {
-        "plan": digest, "error": error, "options": {"bucket_bytes": bucket_bytes, "intra": intra},
+        "plan": digest, "error": error, "options": {**options, "intra": intra},
+        "names": _names_digest(label) if named else None,
         "what": f"{len(plans)} plans (digest {digest}), the first {plans[0].task.describe()}",
     })
     return call, dev, intra
+
+
+def _names_digest(names: Sequence[str]) -> str:
+    """A digest of the tensors' names in order (the agreement compares digests: a record stays
+    small with hundreds of tensors)."""
+    return hashlib.sha1("\0".join(names).encode()).hexdigest()[:16]
 
 
 def _plans_digest(plans: Sequence[Plan]) -> str:

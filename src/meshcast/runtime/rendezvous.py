@@ -19,7 +19,6 @@ session) and publishes its host (``$MESHCAST_HOST``, else its hostname).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
@@ -27,6 +26,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
@@ -250,9 +250,22 @@ def _join(store: dist.Store, info: dict, role: str, rank: int, timeout: float,
 def disconnect(group: JointGroup, timeout: float | None = None) -> None:
     """Leave ``group`` on every rank of both jobs together: wait (at most ``timeout``, default
     the group's) until every joint rank has called, so the trainer's rank 0, which holds the
-    rendezvous store, outlives every use of it; then drop the backend groups."""
-    wait = datetime.timedelta(seconds=group.timeout if timeout is None else timeout)
-    group.store.set(f"bye/{group.me}", "1")
-    with contextlib.suppress(Exception):
-        group.store.wait([f"bye/{j}" for j in range(group.size)], wait)
-    group.close()
+    rendezvous store, outlives every use of it; then drop the backend groups. Ranks that do not
+    come (dead, or the store gone with trainer rank 0) are named in a ``UserWarning`` and the
+    group is left all the same."""
+    seconds = group.timeout if timeout is None else timeout
+    keys = [f"bye/{j}" for j in range(group.size)]
+    try:
+        group.store.set(keys[group.me], "1")
+        group.store.wait(keys, datetime.timedelta(seconds=seconds))
+    except Exception:  # a peer died, or the store with trainer rank 0: leave all the same
+        try:
+            gone = group.describe([j for j, k in enumerate(keys) if not group.store.check([k])])
+        except Exception:
+            gone = (f"trainer rank 0 (the rendezvous store at {group.address} cannot be "
+                    f"reached)")
+        warnings.warn(f"meshcast.disconnect on {group.role} rank {group.rank}: {gone} did not "
+                      f"disconnect within {seconds:g} s; this rank left without them",
+                      UserWarning, stacklevel=2)
+    finally:
+        group.close()
