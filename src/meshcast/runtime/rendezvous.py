@@ -260,12 +260,12 @@ def disconnect(group: JointGroup, timeout: float | None = None) -> None:
         group.store.wait(keys, datetime.timedelta(seconds=seconds))
     except Exception:  # a peer died, or the store with trainer rank 0: leave all the same
         try:
-            gone = group.describe([j for j, k in enumerate(keys) if not group.store.check([k])])
+            absent = [j for j, k in enumerate(keys) if not group.store.check([k])]
+            why = f"{group.describe(absent)} did not disconnect within {seconds:g} s"
         except Exception:
-            gone = (f"trainer rank 0 (the rendezvous store at {group.address} cannot be "
-                    f"reached)")
-        warnings.warn(f"meshcast.disconnect on {group.role} rank {group.rank}: {gone} did not "
-                      f"disconnect within {seconds:g} s; this rank left without them",
-                      UserWarning, stacklevel=2)
+            why = (f"the rendezvous store at {group.address} (held by trainer rank 0) cannot be "
+                   f"reached, so trainer rank 0 has probably died")
+        warnings.warn(f"meshcast.disconnect on {group.role} rank {group.rank}: {why}; this rank "
+                      f"left without waiting further", UserWarning, stacklevel=2)
     finally:
         group.close()
