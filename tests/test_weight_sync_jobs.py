@@ -174,4 +174,5 @@ def test_misuse_on_one_rank_is_refused_on_both_sides_before_anything_moves() -> 
     for texts in crossed:  # two syncs in another order: refused, nothing sent
         for text in texts:
             assert "another order" in text and "nothing was sent" in text, text
+            assert "joint ranks 0-1 are trainer ranks 0-1, 2-3 engine ranks 0-1" in text, text
     assert [seen[-1] for seen in engine] == [True, True]  # then in the same order, exact

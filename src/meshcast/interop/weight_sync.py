@@ -290,8 +290,8 @@ class WeightSync:
                                overlap=True,
                                sync=f"WeightSync #{self.index} of the group, sync #{step}")
         except ValueError as exc:  # refused on every rank before anything moved
-            raise ValueError(f"{exc} (the engine's parameters keep version "
-                             f"{self.version})") from None
+            raise ValueError(f"{exc} (the engine's parameters keep version {self.version}; "
+                             f"{self.group.legend()})") from None
         except ReshardError as exc:
             failure, results = exc, outs
         moved = time.perf_counter()

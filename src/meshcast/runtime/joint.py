@@ -84,6 +84,15 @@ class JointGroup:
         """``"trainer rank 1, engine rank 0"`` for joint ranks ``joints``."""
         return ", ".join("{} rank {}".format(*self.member(j)) for j in joints) or "no rank"
 
+    def legend(self) -> str:
+        """How joint ranks read as ``(job, rank)``, for messages that name joint ranks."""
+        def span(r: range) -> str:
+            return f"{r.start}" if len(r) == 1 else f"{r.start}-{r.stop - 1}"
+
+        t, e = self.ranks(ROLES[0]), self.ranks(ROLES[1])
+        return (f"joint ranks {span(t)} are {ROLES[0]} ranks {span(range(len(t)))}, {span(e)} "
+                f"{ROLES[1]} ranks {span(range(len(e)))}")
+
     def next_sync(self) -> int:
         """A number for the next object built on this group that keeps keys in its store (every
         rank builds them in the same order)."""
