@@ -168,7 +168,8 @@ def _shard_order_job(rank: int) -> list[str]:
 def _partial_edges(check: _Checker, mesh, dsts) -> None:
     """A Partial source split by a _StridedShard, reduce-scattered; an integer Partial(sum)
     destination on a mesh dimension of one rank (kept integer, as DTensor keeps it); Partial
-    destinations DTensor cannot make, refused before anything moves; a strategy alone."""
+    destinations DTensor cannot make, refused before anything moves; a strategy alone; a Partial
+    source that cannot be reduced, refused on every rank."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -198,6 +199,15 @@ def _partial_edges(check: _Checker, mesh, dsts) -> None:
                   ("DTensor cannot make it for torch.float8_e4m3fn",), "float8 Partial(sum)")
     res = mc.reshard_dtensor(src, dsts[1][0], [Shard(1)], strategy="allgather", timeout=60)
     check.result(res, glob, dsts[1][0], [Shard(1)], "strategy='allgather' alone")
+    # a Partial source its mesh cannot reduce (an average of integers): every rank refuses at
+    # once, the destination ranks too (they do not take part in the reduction)
+    avg = DTensor.from_local(local, mesh, [Partial("avg"), spec[1]], run_check=False,
+                             shape=glob.shape, stride=glob.stride())
+    check.refused(lambda: mc.reshard_dtensor(avg, dsts[1][0], [Shard(0)], timeout=60),
+                  ("dt ((Partial(avg)", "could not be reduced"), "int64 Partial(avg) source")
+    check.refused(lambda: mc.reshard_state_dict({"w": avg}, {"w": (dsts[1][0], [Shard(0)])},
+                                                timeout=60),
+                  ("state_dict['w']", "could not be reduced"), "the same in a state dict")
 
 
 def _views(check: _Checker, mesh, dsts) -> None:

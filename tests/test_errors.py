@@ -19,6 +19,11 @@ def test_bad_mesh_devices(devices):
         mc.Mesh(devices)
 
 
+def test_ragged_mesh():
+    with pytest.raises(ValueError, match="rectangular array of ranks"):
+        mc.Mesh([[0, 1], [2]])
+
+
 def test_negative_rank():
     with pytest.raises(ValueError, match="non-negative"):
         mc.Mesh([0, -1])

@@ -25,7 +25,11 @@ class Mesh:
     def __init__(self, devices: Any) -> None:
         if isinstance(devices, Mesh):
             devices = devices.array
-        array = np.asarray(devices)
+        try:
+            array = np.asarray(devices)
+        except ValueError:  # ragged nesting
+            raise ValueError(f"devices must be a rectangular array of ranks (every row of one "
+                             f"length), got {devices!r:.200}") from None
         if array.ndim == 0:
             raise ValueError(
                 f"devices must be an array of ranks with at least one axis, got {devices!r}"

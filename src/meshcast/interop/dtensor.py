@@ -49,6 +49,7 @@ __all__ = [
     "reduced_placements",
     "reshard_dtensor",
     "resolve_topology",
+    "source_shard",
 ]
 
 
@@ -193,6 +194,24 @@ def local_source(
     return dt.to_local()
 
 
+def source_shard(
+    dt: DTensor, placements: Sequence[Any], reduce_partial: str, errors: list[str], label: str
+) -> torch.Tensor | None:
+    """:func:`local_source`, where a Partial reduction that cannot be computed (an average of
+    integers, a sum of float8 or the maximum of complex values over gloo, a product) becomes an
+    input error in ``errors``, which the runtime raises on every rank through its agreement before
+    anything moves, instead of an exception on the source ranks alone (the destination ranks
+    would wait out the timeout). ``label`` names the tensor."""
+    try:
+        return local_source(dt, placements, reduce_partial)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        errors.append(
+            f"{label} ({tuple(dt.placements)}, {dt.dtype}) could not be reduced on rank "
+            f"{dist.get_rank()} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            f"reduce its Partial placements first, or use another dtype")
+        return None
+
+
 def as_dtensor(
     out: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Any], task: ReshardTask
 ) -> DTensor:
@@ -244,7 +263,7 @@ def reshard_dtensor(
     require grad.
     """
     from ..runtime.execute import DEFAULT_TIMEOUT
-    from ..runtime.many import reshard_many
+    from ..runtime.many import run_many
 
     task = dtensor_task(dt, device_mesh, placements, reduce_partial)
     me = dist.get_rank()
@@ -261,14 +280,17 @@ def reshard_dtensor(
             balance = "auto" if strategy is None else "none"
         (plan,) = plan_many([task], resolve_topology(topology), strategy=strategy,
                             balance=balance)
-    local = local_source(dt, placements, reduce_partial)
+    errors: list[str] = []
+    local = source_shard(dt, placements, reduce_partial, errors, "dt")
     device = torch.device(device_mesh.device_type) if device_mesh.device_type == "cpu" else None
-    (out,) = reshard_many(
+    (out,) = run_many(
         [local],
         [plan],
         timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
         device=device,
         names=["dt"],
+        errors=errors,
+        caller="meshcast.reshard_dtensor",
         **runtime_options,
     )
     if not in_dst:

@@ -75,7 +75,7 @@ def reshard_state_dict(
             for name in state_dict if name not in layouts
         ]
         dtensor_form = any(_is_dtensor(v) for v in state_dict.values())
-        tasks, locals_ = _entries(state_dict, layouts, dtensor_form, reduce_partial)
+        tasks, locals_ = _entries(state_dict, layouts, dtensor_form, reduce_partial, errors)
         plans = plan_many(tasks, resolve_topology(topology), strategy=strategy, balance=balance)
     except (TypeError, ValueError) as exc:
         publish_refusal(None, exc)
@@ -99,10 +99,11 @@ def reshard_state_dict(
 
 def _entries(
     state_dict: Mapping[str, Any], layouts: Mapping[str, Any], dtensor_form: bool,
-    reduce_partial: str,
+    reduce_partial: str, errors: list[str],
 ) -> tuple[list[ReshardTask], list[torch.Tensor | None]]:
-    """The task and this rank's source shard of every name of ``layouts``, in order."""
-    from .dtensor import dtensor_task, local_source
+    """The task and this rank's source shard of every name of ``layouts``, in order (a Partial
+    source that cannot be reduced goes to ``errors``, raised on every rank by the runtime)."""
+    from .dtensor import dtensor_task, source_shard
 
     tasks: list[ReshardTask] = []
     locals_: list[torch.Tensor | None] = []
@@ -130,5 +131,6 @@ def _entries(
             tasks.append(dtensor_task(value, spec[0], spec[1], reduce_partial))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"layouts[{name!r}]: {exc}") from None
-        locals_.append(local_source(value, spec[1], reduce_partial))
+        locals_.append(source_shard(value, spec[1], reduce_partial, errors,
+                                    f"state_dict[{name!r}]"))
     return tasks, locals_
