@@ -123,9 +123,10 @@ def reshard_many(
     the tensor (``names[k]`` when given), the rank and the rule; ``names`` that differ between
     ranks (tensors of the same plans passed in another order) are refused so too. A failed or
     stopped peer, or any wait longer than ``timeout`` seconds, raises
-    :class:`meshcast.ReshardError` as :func:`meshcast.reshard` does. ``out[k]`` (where not None) receives tensor k's destination
-    shard in place and is returned as its result: any strides, e.g. a slice of a fused tensor's
-    shard (:func:`meshcast.fused_part_index`); checked like ``tensors[k]``.
+    :class:`meshcast.ReshardError` as :func:`meshcast.reshard` does. ``out[k]`` (where not None)
+    receives tensor k's destination shard in place and is returned as its result: any strides,
+    e.g. a slice of a fused tensor's shard (:func:`meshcast.fused_part_index`); checked like
+    ``tensors[k]``.
     """
     return run_many(tensors, plans, bucket_bytes=bucket_bytes, timeout=timeout, device=device,
                     names=names, out=out, group=group)
