@@ -155,6 +155,75 @@ def test_a_failing_stage_raises_on_every_rank() -> None:
         assert "did not finish in time" not in first
 
 
+class _Stage(torch.nn.Module):
+    """Stage 0 sends ``h`` and a bfloat16 ``u`` that stage 1 ignores (its gradient is None);
+    stage 1 makes ``y``, raising once in its first forward when ``fail``."""
+
+    def __init__(self, stage: int, fail: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(stage)
+        self.stage, self.lin, self.fail = stage, torch.nn.Linear(8, 8), fail
+
+    def forward(self, d: dict) -> dict:
+        if self.stage == 0:
+            h = self.lin(d["x"])
+            return {"h": h, "u": h.to(torch.bfloat16)}
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("injected once")
+        return {"y": self.lin(d["h"])}
+
+
+def _misuse_job(rank: int) -> list:
+    """2 ranks, one stage each: arguments that differ on one rank; a runtime whose step fails
+    once, then asked for another step; one given a batch that does not split into equal
+    microbatches; one that runs two good steps."""
+    from meshcast.pipeline import StageGraph, TensorEdge
+    from meshcast.pipeline.runtime import PipelineError, PipelineRuntime
+
+    graph = StageGraph(2, (TensorEdge("h", 0, 1, (4, 8)),
+                           TensorEdge("u", 0, 1, (4, 8), "bfloat16")), (("x", 0),), (("y", 1),))
+    meshes = (meshcast.Mesh([0]), meshcast.Mesh([1]))
+
+    def runtime(m: int, module):
+        return PipelineRuntime(module, graph, meshes, schedule="1f1b", num_microbatches=m,
+                               loss_fn=torch.nn.functional.mse_loss, timeout=30)
+
+    seen = []
+    try:
+        runtime(2 if rank == 0 else 4, _Stage(rank))
+        seen.append("no error")
+    except ValueError as exc:
+        seen.append(str(exc))
+    x, target = torch.ones(8, 8), torch.zeros(8, 8)
+    for fail, batches in ((True, 2), (False, 1), (False, 2)):  # each after the one before
+        pipe = runtime(2, _Stage(rank, fail))
+        for _ in range(batches):
+            uneven = batches == 1
+            try:
+                result = pipe.train_step({"x": x[:7] if uneven else x},
+                                         target[:7] if uneven else target)
+                seen.append(result.loss if rank == 1 else "ok")
+            except (ValueError, meshcast.ReshardError, PipelineError) as exc:
+                seen.append(f"{type(exc).__name__}: {exc}")
+    return seen
+
+
+def test_misuse_is_refused_and_a_failed_step_spends_the_runtime() -> None:
+    """Arguments that differ on one rank: ValueError at construction on every rank; a failed
+    step raises on every rank naming the failure, the next step says to build a new runtime; a
+    batch of unequal microbatches is refused; a bfloat16 edge whose gradient is None works."""
+    seen = meshcast.launch(_misuse_job, 2, timeout=120)
+    for built, failed, spent, uneven, good, again in seen:
+        assert "num_microbatches=" in built and "other arguments" in built, built
+        assert "injected once" in failed, failed  # the one failure, on both ranks
+        assert "build a new PipelineRuntime" in spent and "injected once" in spent, spent
+        assert "does not split into 2 equal microbatches" in uneven, uneven
+        assert good == again and "Error" not in str(good), (good, again)
+    assert seen[0][3].startswith("ValueError") and "input 'x' has a batch of 7" in seen[0][3]
+    assert isinstance(seen[1][4], float)  # the loss, computed with a bfloat16 edge unused
+
+
 def test_importing_the_pipeline_package_does_not_import_torch() -> None:
     code = ("import sys, meshcast, meshcast.pipeline; "
             "assert 'torch' not in sys.modules, 'torch imported'")

@@ -283,16 +283,9 @@ def reshard_dtensor(
     errors: list[str] = []
     local = source_shard(dt, placements, reduce_partial, errors, "dt")
     device = torch.device(device_mesh.device_type) if device_mesh.device_type == "cpu" else None
-    (out,) = run_many(
-        [local],
-        [plan],
-        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
-        device=device,
-        names=["dt"],
-        errors=errors,
-        caller="meshcast.reshard_dtensor",
-        **runtime_options,
-    )
+    (out,) = run_many([local], [plan], timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+                      device=device, names=["dt"], errors=errors,
+                      caller="meshcast.reshard_dtensor", **runtime_options)
     if not in_dst:
         return None
     assert out is not None

@@ -20,9 +20,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..core.dtypes import dtype_name, itemsize
+from ..planning.planner import STRATEGIES
 from .simulator import Link
 
-__all__ = ["StageGraph", "TensorEdge"]
+__all__ = [
+    "StageGraph",
+    "TensorEdge",
+    "check_stages",
+]
 
 
 class TensorEdge(NamedTuple):
@@ -145,3 +150,24 @@ class StageGraph:
             lines.append(f"stage {i}: receives {', '.join(recv) or '-'}; "
                          f"sends {', '.join(send) or '-'}")
         return "\n".join(lines)
+
+
+def check_stages(graph: StageGraph, meshes: Sequence[Any], strategy: str, world: int,
+                 layouts: Mapping[str, Any]) -> None:
+    """``ValueError`` unless ``meshes`` (one :class:`meshcast.Mesh` per stage, disjoint, in a
+    default group of ``world`` ranks), ``strategy`` and the edges ``layouts`` names fit
+    ``graph`` (the pipeline runtime's arguments)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is unknown; choose one of {STRATEGIES}")
+    if len(meshes) != graph.num_stages:
+        raise ValueError(f"got {len(meshes)} meshes for {graph.num_stages} stages")
+    seen: set[int] = set()
+    for i, mesh in enumerate(meshes):
+        if seen & set(mesh.devices):
+            raise ValueError(f"the mesh of stage {i} overlaps another stage's mesh")
+        seen |= set(mesh.devices)
+    if max(seen) >= world:
+        raise ValueError(f"meshes use rank {max(seen)}, the default group has {world} ranks")
+    unknown = set(layouts) - {e.name for e in graph.edges}
+    if unknown:
+        raise ValueError(f"layouts name edges the graph does not have: {sorted(unknown)}")

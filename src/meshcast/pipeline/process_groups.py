@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..core.cache import BoundedCache
 
-__all__ = ["tensor_parallel_group"]
+__all__ = ["default_store", "tensor_parallel_group"]
 
 _GROUPS: BoundedCache[tuple[object, str, tuple[int, ...]], dist.ProcessGroup] = BoundedCache(
     "pipeline.groups", 256, "gloo groups of the pipeline runtime, per (world, purpose, ranks)"
@@ -27,3 +27,12 @@ def tensor_parallel_group(ranks: Sequence[int], timeout: float = 120.0, purpose:
     return _GROUPS.get_or_make(
         key, lambda: dist.new_group(list(ranks), timeout=datetime.timedelta(seconds=timeout))
     )
+
+
+def default_store() -> dist.Store | None:
+    """The default group's store (None where torch's private accessor is missing: failures
+    then travel through timeouts only)."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None

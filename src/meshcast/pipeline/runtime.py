@@ -38,7 +38,6 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -46,13 +45,18 @@ from torch import nn
 
 from ..core.mesh import Mesh
 from ..core.topology import Topology
-from ..planning.planner import STRATEGIES
 from ..runtime import ReshardError
 from .exchange import BoundaryExchange
-from .graph import StageGraph, TensorEdge
-from .process_groups import tensor_parallel_group
+from .graph import StageGraph, TensorEdge, check_stages
+from .process_groups import default_store, tensor_parallel_group
 from .schedules import schedule as make_schedule
-from .step_state import PipelineError, StepAbort, StepResult
+from .step_state import (
+    Microbatches,
+    PipelineError,
+    StepAbort,
+    StepResult,
+    agree_arguments,
+)
 from .transfers import build_transfers
 
 __all__ = [
@@ -63,43 +67,7 @@ __all__ = [
 ]
 
 _runtime_ids = itertools.count()
-
-
-def _check_meshes(graph: StageGraph, meshes: Sequence[Mesh], strategy: str, world: int) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is unknown; choose one of {STRATEGIES}")
-    if len(meshes) != graph.num_stages:
-        raise ValueError(f"got {len(meshes)} meshes for {graph.num_stages} stages")
-    seen: set[int] = set()
-    for i, mesh in enumerate(meshes):
-        if seen & set(mesh.devices):
-            raise ValueError(f"the mesh of stage {i} overlaps another stage's mesh")
-        seen |= set(mesh.devices)
-    if max(seen) >= world:
-        raise ValueError(f"meshes use rank {max(seen)}, the default group has {world} ranks")
-
-
-def _default_store():
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # a private API: without it, failures travel through timeouts only
-        return None
-
-
-@dataclass
-class _Microbatches:
-    """What the compute thread of one step keeps between its actions."""
-
-    data: dict[str, tuple[torch.Tensor, ...]]
-    targets: tuple[torch.Tensor, ...] | None
-    outputs: list[str]
-    sends: list[TensorEdge]
-    receives: list[TensorEdge]
-    result: StepResult
-    kept: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = field(
-        default_factory=dict)
-    saved: dict[int, int] = field(default_factory=dict)
-    inflight: int = 0
+_spent = [0]  # runtimes of this process that gave up a step (PipelineRuntime._make_groups)
 
 
 class PipelineRuntime:
@@ -151,7 +119,8 @@ class PipelineRuntime:
         if not dist.is_initialized():
             raise RuntimeError("PipelineRuntime needs torch.distributed initialised (gloo)")
         world = dist.get_world_size()
-        _check_meshes(graph, meshes, strategy, world)
+        layouts = dict(layouts or {})
+        check_stages(graph, meshes, strategy, world, layouts)
         self.rank = dist.get_rank()
         self.graph = graph
         self.meshes = tuple(meshes)
@@ -173,14 +142,15 @@ class PipelineRuntime:
             raise ValueError(f"rank {self.rank}: stage_module must be given exactly on the ranks "
                              f"of a mesh (this rank is {where})")
         self.id = next(_runtime_ids)
-        self._abort_key = f"meshcast/pipeline/{self.id}/abort"
-        self._store = _default_store()
-        layouts = dict(layouts or {})
-        unknown = set(layouts) - {e.name for e in graph.edges}
-        if unknown:
-            raise ValueError(f"layouts name edges the graph does not have: {sorted(unknown)}")
+        self._steps = 0  # train_step calls so far (each step has its own abort key)
+        self._gave_up: str | None = None  # why a step failed: the runtime is spent
+        self._store = default_store()
         self._layouts = layouts
-        self._make_groups(world)
+        self._make_groups(world, {
+            "schedule": schedule, "num_microbatches": num_microbatches, "strategy": strategy,
+            "free_communication": free_communication, "graph": repr(graph),
+            "meshes": [m.devices for m in meshes], "layouts": sorted(layouts.items()),
+            "topology": repr(self.topology)})
         self._transfers = build_transfers(graph, self.meshes, self.table, layouts, self.topology,
                                           strategy, free_communication)
         self._exchange = BoundaryExchange(
@@ -190,7 +160,14 @@ class PipelineRuntime:
         if stage_module is not None:
             self.set_module(stage_module)
 
-    def _make_groups(self, world: int) -> None:
+    def _make_groups(self, world: int, arguments: dict) -> None:
+        """Agree on ``arguments`` with every rank (:func:`agree_arguments`), then make the
+        tensor-parallel groups and the boundary groups of the generation that every rank's count
+        of runtimes that gave up a step gives (their boundary groups' call numbers may differ
+        between ranks, so a later runtime takes new ones)."""
+        generation = max(agree_arguments(
+            self._store, f"meshcast/pipeline/{self.id}/arguments", self.rank, world, arguments,
+            self.timeout, extra=_spent[0]))
         # tensor-parallel groups: every rank creates every stage's group, in stage order
         self.tp_group: dist.ProcessGroup | None = None
         for i, mesh in enumerate(self.meshes):
@@ -200,7 +177,7 @@ class PipelineRuntime:
                     self.tp_group = g
         # boundary traffic: one group (all ranks, so group ranks are global ranks) per direction
         self._groups = {
-            kind: tensor_parallel_group(range(world), self.timeout, purpose)
+            kind: tensor_parallel_group(range(world), self.timeout, f"{purpose} #{generation}")
             for kind, purpose in (("F", "activations"), ("B", "gradients"))
         }
 
@@ -237,8 +214,15 @@ class PipelineRuntime:
         """
         if self.stage is None:
             return StepResult(None)
-        abort = self._step = StepAbort(self.rank, self.stage, self._store, self._abort_key,
-                                       self.timeout)
+        step, self._steps = self._steps, self._steps + 1
+        abort = self._step = StepAbort(self.rank, self.stage, self._store,
+                                       f"meshcast/pipeline/{self.id}/abort/{step}", self.timeout)
+        if self._gave_up is not None:
+            raise PipelineError(
+                f"{abort.who}: this PipelineRuntime gave up an earlier step "
+                f"({self._gave_up:.300}); the ranks' boundary transfers may have stopped at "
+                f"different points, so they cannot be matched again: build a new "
+                f"PipelineRuntime on every rank", [self.rank])
         threads = self._exchange.start(abort)
         try:
             result = self._run(inputs, target)
@@ -250,7 +234,11 @@ class PipelineRuntime:
             if abort.event.is_set():
                 raise PipelineError(f"{abort.who}: {abort.first_error()}", [self.rank])
         except BaseException as exc:
+            if self._gave_up is None:
+                _spent[0] += 1  # the next runtime of this process takes new boundary groups
+            self._gave_up = f"step {step}: {type(exc).__name__}: {exc}"
             if not abort.event.is_set():
+                abort.errors.append(exc)  # what this rank's threads tell their peers
                 abort.publish(f"{abort.who} failed: {type(exc).__name__}: {exc}")
             abort.event.set()
             # the communication threads stop at once (their reshards see the abort) or within
@@ -273,11 +261,17 @@ class PipelineRuntime:
         i, m, graph = self.stage, self.num_microbatches, self.graph
         assert i is not None and self.module is not None
         last = i == self.num_stages - 1
+        batches = {a: inputs[a] for a, s in graph.inputs if s == i}
+        if last and target is not None:
+            batches["target"] = target
+        for name, batch in batches.items():
+            if batch.ndim == 0 or batch.shape[0] % m or batch.shape[0] < m:
+                what = "the target" if name == "target" else f"input {name!r}"
+                raise ValueError(f"{self._step.who}: {what} has a batch of "
+                                 f"{batch.shape[0] if batch.ndim else 'no dimension'}, which "
+                                 f"does not split into {m} equal microbatches")
         data = {a: inputs[a].chunk(m) for a, s in graph.inputs if s == i}
-        for name, parts in data.items():
-            if len(parts) != m:
-                raise ValueError(f"input {name!r} does not split into {m} microbatches")
-        mbs = _Microbatches(
+        mbs = Microbatches(
             data,
             target.chunk(m) if last and target is not None else None,
             [a for a, s in graph.outputs if s == i],
@@ -292,7 +286,7 @@ class PipelineRuntime:
                 self._backward(action.microbatch, mbs)
         return mbs.result
 
-    def _forward(self, b: int, mbs: _Microbatches) -> None:
+    def _forward(self, b: int, mbs: Microbatches) -> None:
         i, m, result = self.stage, self.num_microbatches, mbs.result
         last = i == self.num_stages - 1
         t0 = time.perf_counter()
@@ -341,7 +335,7 @@ class PipelineRuntime:
                 self._step.wait(slot.done, f"the send of {e.name} of microbatch {b}",
                                 self.meshes[e.dst].devices)
 
-    def _backward(self, b: int, mbs: _Microbatches) -> None:
+    def _backward(self, b: int, mbs: Microbatches) -> None:
         result = mbs.result
         t0 = time.perf_counter()
         received, out = mbs.kept.pop(b)
@@ -363,7 +357,8 @@ class PipelineRuntime:
         for e in mbs.receives:
             g = received[e.name].grad
             slot = self._exchange.outbox[("B", e.name, e.src, b)]
-            slot.value = g if g is not None else torch.zeros(e.shape)
+            slot.value = g if g is not None else torch.zeros(e.shape,
+                                                             dtype=getattr(torch, e.dtype))
             slot.ready.set()
         if not self.overlap_backward:
             for e in mbs.receives:

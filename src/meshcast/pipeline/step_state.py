@@ -4,6 +4,8 @@ the abort flag with its waits (given up here or, through the job's store, on ano
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -12,7 +14,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["POLL_S", "REMOTE_POLL_S", "PipelineError", "Slot", "StepAbort", "StepResult"]
+from .graph import TensorEdge
+
+__all__ = [
+    "POLL_S", "REMOTE_POLL_S", "Microbatches", "PipelineError", "Slot", "StepAbort", "StepResult",
+    "agree_arguments",
+]
 
 POLL_S = 0.05
 """How often a waiting thread looks at the abort flag."""
@@ -55,7 +62,7 @@ class Slot:
 
 
 class StepAbort:
-    """The abort flag of one step on one rank: set here (:meth:`fail`), or found set by another
+    """The abort flag of one step on one rank: set here, or found set by another
     rank under ``key`` in the job's ``store`` (None: failures travel through timeouts only)."""
 
     def __init__(self, rank: int, stage: int | None, store: Any, key: str,
@@ -127,3 +134,52 @@ class StepAbort:
                 raise PipelineError(
                     f"{self.who}: waited more than {self.timeout:g} s for {what} (ranks "
                     f"involved: {sorted(ranks)})", ranks)
+
+
+def agree_arguments(store: Any, key: str, rank: int, world: int, arguments: dict[str, Any],
+                    timeout: float, extra: Any = None) -> list[Any]:
+    """Compare ``arguments`` (plain data) with every rank's through ``store`` under ``key``:
+    ``ValueError`` on every rank naming the ranks and arguments that differ from this rank's;
+    :class:`PipelineError` naming the ranks that did not come within ``timeout``. Returns every
+    rank's ``extra`` (not compared), by rank (without a store nothing is checked: this rank's
+    only)."""
+    if store is None:
+        return [extra]
+    keys = [f"{key}/{r}" for r in range(world)]
+    store.set(keys[rank], json.dumps({"arguments": arguments, "extra": extra}, sort_keys=True,
+                                     default=str))
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except Exception as exc:
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        raise PipelineError(f"rank {rank}: ranks {missing} did not build the PipelineRuntime "
+                            f"within {timeout:g} s (every rank builds it, in the same order)",
+                            missing) from exc
+    records = [json.loads(v) for v in store.multi_get(keys)]
+    own = records[rank]["arguments"]
+    differ = [r for r, rec in enumerate(records) if rec["arguments"] != own]
+    if differ:
+        q = differ[0]
+        theirs = records[q]["arguments"]
+        shown = "; ".join(f"{n}={theirs.get(n)!r:.120} on rank {q}, {own[n]!r:.120} here"
+                          for n in own if theirs.get(n) != own[n])
+        raise ValueError(f"rank {rank}: ranks {differ} built the PipelineRuntime with other "
+                         f"arguments ({shown}); every rank passes the same arguments except "
+                         f"stage_module")
+    return [rec["extra"] for rec in records]
+
+
+@dataclass
+class Microbatches:
+    """What the compute thread of one step keeps between its actions."""
+
+    data: dict[str, tuple[torch.Tensor, ...]]
+    targets: tuple[torch.Tensor, ...] | None
+    outputs: list[str]
+    sends: list[TensorEdge]
+    receives: list[TensorEdge]
+    result: StepResult
+    kept: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = field(
+        default_factory=dict)
+    saved: dict[int, int] = field(default_factory=dict)
+    inflight: int = 0

@@ -170,8 +170,7 @@ def run_many(
         publish_refusal(group, exc, call_family(plans, group, _plans_digest))
         raise
     label = [names[k] if names is not None else f"tensors[{k}]" for k in range(len(plans))]
-    me = group_rank(group)
-    errors = list(errors)
+    me, errors = group_rank(group), list(errors)
     where = dist.group.WORLD if group is None else group
     if me not in ranks:
         _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me,
