@@ -114,6 +114,18 @@ def test_strided_and_fused_layouts_round_trip_and_compare():
         assert mc.Layout.parse(layout.notation()) == layout
         assert mc.Layout.from_json(layout.to_json()) == layout
     assert mc.Layout.parse("2x2:S0[1]1R") == mc.Layout.parse("2x2:S01R")
+    # a mesh of other ranks, a 0-d tensor, placement-style layouts (any tensor rank): the
+    # notation says each, and reads back equal
+    for layout in (mc.Layout(mc.Mesh([[3, 1], [0, 2]]), "S0R"),
+                   mc.Layout(mc.Mesh.from_range(0, (2, 2)), ""),
+                   mc.Layout(mc.Mesh.from_range(0, (2, 4)), [mc.Shard(0), mc.Replicate()]),
+                   mc.Layout(mc.Mesh.from_range(0, (2, 4)), [mc.Replicate(), mc.Replicate()]),
+                   mc.Layout(mc.Mesh.from_range(0, (2, 4)), [mc.StridedShard(0, 2),
+                                                             mc.Shard(0)])):
+        assert mc.Layout.parse(layout.notation()) == layout, layout.notation()
+    assert mc.Layout.parse("2x2[3,1,0,2]:S0R").mesh == mc.Mesh([[3, 1], [0, 2]])
+    with pytest.raises(ValueError, match="a 2x2 mesh needs 4 ranks, got 3"):
+        mc.Layout.parse("2x2[3,1,0]:S0R")
     mesh = mc.Mesh.from_range(0, (2, 2))
     placed = mc.Layout(mesh, [mc.StridedShard(0, 2), mc.Shard(0)])
     assert placed.region(1, (8, 4)) == mc.Layout.parse("2x2:S0[2]1R").region(1, (8, 4))

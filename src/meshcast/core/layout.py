@@ -18,6 +18,7 @@ several boxes (:meth:`Layout.region`), held in global order.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -137,20 +138,31 @@ class Layout:
         """From the CLI notation ``SHAPE[@FIRST]:SPEC``, e.g. ``"2x4@8:RRS0"``: a 2x4 mesh of
         consecutive ranks starting at 8, with layout ``RRS0``."""
         mesh_text, sep, spec = text.partition(":")
-        shape_text, at, first = mesh_text.partition("@")
+        shape_text, bracket, ranks_text = mesh_text.partition("[")
+        shape_text, at, first = shape_text.partition("@")
         try:
             shape = tuple(int(s) for s in shape_text.split("x"))
             start = int(first) if first else 0
+            ranks = [int(r) for r in ranks_text.rstrip("]").split(",")] if bracket else None
         except ValueError:
-            shape, start = (), 0
-        if at and not first:
-            shape = ()  # "@" without the first rank
-        if not sep or not shape or not spec:
+            shape, start, ranks = (), 0, None
+        if (at and not first) or (bracket and (at or not ranks_text.endswith("]"))):
+            shape = ()  # "@" without the first rank; a rank list with "@" or unclosed
+        if not sep or not shape:
             raise ValueError(
-                f"layout {text!r} is not of the form SHAPE[@FIRST]:SPEC, e.g. '2x4:S0RR' or "
-                f"'2x4@8:RRS0'"
+                f"layout {text!r} is not of the form SHAPE[@FIRST]:SPEC (or SHAPE[RANKS]:SPEC), "
+                f"e.g. '2x4:S0RR', '2x4@8:RRS0' or '2x2[3,1,0,2]:S0R'"
             )
-        return cls(Mesh.from_range(start, shape), spec)
+        if ranks is not None:
+            if len(ranks) != math.prod(shape):
+                raise ValueError(f"layout {text!r}: a {shape_text} mesh needs "
+                                 f"{math.prod(shape)} ranks, got {len(ranks)}")
+            mesh = Mesh(np.array(ranks).reshape(shape))
+        else:
+            mesh = Mesh.from_range(start, shape)
+        if spec.endswith("..."):  # placement-style: any further dimensions replicated
+            return cls(mesh, list(cls(mesh, spec[:-3]).placements))
+        return cls(mesh, spec)
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -352,8 +364,10 @@ class Layout:
         return f"Layout({self._mesh!r}, {self.spec!r})"
 
     def notation(self) -> str:
-        """CLI form ``2x4@8:S0RR``."""
-        return f"{self._mesh.notation()}:{self.spec}"
+        """CLI form ``2x4@8:S0RR`` (a mesh of other ranks: ``2x2[3, 1, 0, 2]:S0R``; a
+        placement-style layout, for a tensor of any rank, ends in ``...``), which
+        :meth:`parse` reads back."""
+        return f"{self._mesh.notation()}:{self.spec}{'...' if self._ndim is None else ''}"
 
     def to_json(self) -> dict[str, Any]:
         """Plain-data form."""
