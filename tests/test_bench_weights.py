@@ -34,6 +34,9 @@ def test_joint_lower_bound_adds_the_inbound_bytes_of_all_tasks() -> None:
     one = lower_bound(task, topo)
     assert joint_lower_bound([task], topo) == pytest.approx(one)
     assert joint_lower_bound([task, task], topo) == pytest.approx(2 * one)
+    # nothing crosses hosts (copies only): no latency is owed, the bound is the tasks' own, 0
+    local = ReshardTask((16, 17), "float32", Layout(Mesh([0, 1]), "RR"), Layout(Mesh([0]), "RR"))
+    assert joint_lower_bound([local], Topology.uniform(2, 2, latency_us=30.0)) == 0.0
 
 
 def test_two_job_model_sizes_and_exact_values() -> None:

@@ -114,15 +114,16 @@ def inbound_seconds(host_in: np.ndarray, topology: Topology) -> float:
 
 def joint_lower_bound(tasks: Sequence[ReshardTask], topology: Topology) -> float:
     """Seconds no joint run of ``tasks`` (all at once, e.g. a weight sync) can beat on
-    ``topology``: the busiest host's inbound bytes of all tasks together, plus one latency, and
-    no less than any one task's :func:`lower_bound`."""
+    ``topology``: the busiest host's inbound bytes of all tasks together, plus one latency where
+    any bytes cross hosts, and no less than any one task's :func:`lower_bound`."""
     host_in = np.zeros(topology.num_hosts)
     single = 0.0
     for t in tasks:
         d = lower_bound_details(t, topology)
         host_in += d.host_in_bytes
         single = max(single, d.seconds)
-    return max(inbound_seconds(host_in, topology) + topology.latency_us * 1e-6, single)
+    inbound = inbound_seconds(host_in, topology) if host_in.any() else 0.0
+    return max(inbound + (topology.latency_us * 1e-6 if inbound > 0 else 0.0), single)
 
 
 def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> LowerBound:
