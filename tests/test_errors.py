@@ -169,3 +169,17 @@ def test_a_scalar_is_one_piece_however_small_the_buckets():
                           mc.Layout(mc.Mesh([1, 2]), ""))
     schedule = mc.build_schedule([mc.plan(task)], 1)
     assert schedule.ranks == (0, 1, 2)
+
+
+@pytest.mark.parametrize("kwargs", [{"latency_us": float("nan")}, {"latency_us": float("inf")},
+                                    {"nic_gbps": float("inf")}, {"nic_gbps": float("nan")},
+                                    {"intra_gbps": float("nan")}])
+def test_topology_refuses_what_is_not_a_finite_number(kwargs):
+    with pytest.raises(ValueError, match="finite"):
+        mc.Topology.uniform(2, 2, **kwargs)
+
+
+def test_plan_many_names_its_own_default_balance():
+    task = mc.ReshardTask((4, 4), "float32", mc.Layout.parse("2:S0R"), mc.Layout.parse("2@2:RS0"))
+    with pytest.raises(ValueError, match="choose 'joint'"):
+        mc.plan_many([task], balance="x")

@@ -6,6 +6,7 @@ lower bound use the bandwidths. The runtime fills the host map from the launcher
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,8 +48,8 @@ def _per_host(value: float | Sequence[float], num_hosts: int, argument: str) -> 
             f"{argument} must be one number or one per host ({num_hosts}), got {value!r}"
         )
     for v in values:
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-            raise ValueError(f"{argument} must be positive numbers, got {v!r}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
+            raise ValueError(f"{argument} must be positive finite numbers, got {v!r}")
     return tuple(float(v) for v in values)
 
 
@@ -105,8 +106,12 @@ class Topology:
         object.__setattr__(self, "nics_per_host", nics)
         for argument in ("intra_gbps", "latency_us", "hop_bytes"):
             v = getattr(self, argument)
-            if not isinstance(v, (int, float)) or v < 0 or (argument == "intra_gbps" and v == 0):
-                raise ValueError(f"{argument} must be a positive number, got {v!r}")
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf
+                    or (argument == "intra_gbps" and v == 0)):
+                raise ValueError(f"{argument} must be a finite number >= 0 (intra_gbps > 0), "
+                                 f"got {v!r}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a string, got {type(self.name).__name__}")
 
     # -- constructors -----------------------------------------------------------------------
     @classmethod

@@ -36,7 +36,7 @@ from ..core.topology import Topology
 from ..core.units import GBIT
 from .buckets import Xfer, cut_buckets
 from .fixed import STRATEGIES
-from .planner import PLAN_CACHE
+from .planner import BALANCES, PLAN_CACHE
 from .planner import plan as plan_one
 
 __all__ = [
@@ -189,6 +189,9 @@ def plan_many(
             raise TypeError(f"tasks[{k}] must be a meshcast.ReshardTask, got {type(t).__name__}")
     if balance is None:
         balance = "joint"
+    if balance != "joint" and balance not in BALANCES:
+        raise ValueError(f"balance={balance!r} is unknown; choose 'joint' (plan_many's "
+                         f"default) or one of {', '.join(BALANCES)}")
     if balance == "joint":
         strategy = strategy or "broadcast"
         if strategy not in STRATEGIES:
