@@ -188,7 +188,12 @@ def run(args: argparse.Namespace) -> int:
         import json
 
         with open(args.markdown) as f:
-            print(rb.markdown_report(json.load(f)))
+            try:
+                report = rb.markdown_report(json.load(f))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise UsageError(f"--markdown {args.markdown}: not the JSON of a meshcast bench "
+                                 f"resharding run ({type(exc).__name__}: {exc})") from None
+        print(report)
         return 0
     console = Console(width=170)
     keys = [k.strip() for k in args.cases.split(",") if k.strip()]
@@ -198,7 +203,15 @@ def run(args: argparse.Namespace) -> int:
         rb.suite_cases(args.suite, None, keys)
     except ValueError as exc:
         raise UsageError(f"--cases: {exc}") from None
-    os.makedirs(args.out, exist_ok=True)
+    if not (args.simulate and args.topology):  # (paper scale: sizes of its own)
+        try:
+            rb.suite_cases(args.suite, rb.parse_size(args.size), keys)
+        except ValueError as exc:
+            raise UsageError(f"--size {args.size}: {exc}") from None
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
     json_path = os.path.join(args.out, "resharding.json")
     if args.simulate:
         return _run_simulated(args, console, args.methods, keys, json_path)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 from ..core.task import ReshardTask
-from ..core.topology import PRESETS, Topology
+from ..core.topology import PRESETS, Topology, preset_links
 
 __all__ = [
     "ArgumentParser",
@@ -202,12 +202,15 @@ def topology_for(spec: str | None, task: ReshardTask) -> Topology | None:
     ``task``; None without one (the planner's convention: the last mesh axis is one host)."""
     if spec is None:
         return None
-    top_rank = max(max(task.src.mesh.devices), max(task.dst.mesh.devices))
     if spec.startswith("uniform:"):
-        per_host = int(spec.split(":", 1)[1])
-        return Topology.uniform(top_rank // per_host + 1, per_host)
-    per_host = PRESETS[spec][0]
-    return Topology.preset(spec, top_rank // per_host + 1)
+        per_host, links = int(spec.split(":", 1)[1]), {}
+    else:
+        per_host, links = PRESETS[spec][0], preset_links(spec)
+    # the hosts of consecutive ranks that hold a rank of the task (not every host below its
+    # highest rank: a mesh at rank 10^6 needs two hosts, not 250,000)
+    used = sorted({r // per_host for r in (*task.src.mesh.devices, *task.dst.mesh.devices)})
+    return Topology(tuple(tuple(range(h * per_host, (h + 1) * per_host)) for h in used),
+                    **links)
 
 
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")

@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"lower bound:    {bound * 1e3:.3f} ms")
         print(f"efficiency:     {efficiency:.1%} (lower bound / simulated)")
     if args.timeline:
-        report.plot(args.timeline, title=f"{task.describe()}  [{result.strategy}/{result.balance}]")
+        try:
+            report.plot(args.timeline,
+                        title=f"{task.describe()}  [{result.strategy}/{result.balance}]")
+        except OSError as exc:
+            raise UsageError(f"--timeline {args.timeline}: {exc.strerror or exc}") from None
         if not args.json:
             print(f"timeline written to {args.timeline}")
     return 0

@@ -10,7 +10,12 @@ import numpy as np
 
 from .checks import as_index
 
-__all__ = ["Mesh"]
+__all__ = ["MAX_MESH_RANKS", "Mesh"]
+
+
+MAX_MESH_RANKS = 1 << 22
+"""The most ranks :meth:`Mesh.from_range` makes (4,194,304: a plan of thousands of ranks needs
+memory per rank; a mesh of 10^12 ranks from a typo would exhaust it first)."""
 
 
 class Mesh:
@@ -68,6 +73,9 @@ class Mesh:
             raise ValueError(
                 f"ranks must be below 2^63: start={start} with {math.prod(dims)} ranks"
             )
+        if math.prod(dims) > MAX_MESH_RANKS:
+            raise ValueError(f"a mesh of shape {dims} has {math.prod(dims):,} ranks; meshcast "
+                             f"plans meshes of at most {MAX_MESH_RANKS:,}")
         return cls((np.arange(math.prod(dims), dtype=np.int64) + start).reshape(dims))
 
     @property

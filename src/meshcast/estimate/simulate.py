@@ -55,8 +55,9 @@ class _Nics:
         self.gid, self.host_of_nic = topology.global_nics()
         self.names: list[str] = []
         self.caps: list[float] = []
+        first_nic: dict[int, int] = {}  # each host's first global NIC
         for g, h in enumerate(self.host_of_nic):
-            j = g - self.host_of_nic.index(h)
+            j = g - first_nic.setdefault(h, g)
             self.names += [f"h{h}.nic{j} out", f"h{h}.nic{j} in"]
             self.caps += [topology.nic_out_gbps[h] * GBIT, topology.nic_in_gbps[h] * GBIT]
         self.host_of_resource = [h for h in self.host_of_nic for _ in "oi"]
