@@ -211,9 +211,14 @@ class Plan:
                 topology=Topology.from_json(data["topology"]),
                 fallbacks=tuple((int(i), str(why)) for i, why in data["fallbacks"]),
             )
+            slices = len(plan.task.decomposition)
+            bad = [i for i, _ in plan.fallbacks if not 0 <= i < slices]
+            if bad:
+                raise IndexError(f"fallbacks name unit slice {bad[0]}, but the task has "
+                                 f"{slices}")
         except KeyError as exc:
             raise ValueError(f"not a complete meshcast plan: the field {exc} is missing") from None
-        except (TypeError, AttributeError, IndexError) as exc:
+        except (TypeError, AttributeError, IndexError, ValueError) as exc:
             raise ValueError(f"not a valid meshcast plan: {exc}") from None
         plan.check()
         return plan
