@@ -150,6 +150,17 @@ def test_bad_arguments() -> None:
         table.actions(2)
     with pytest.raises(ValueError, match="never runs"):
         table.clock_of(0, Action("F", 5))
+    # tables no pipeline can run are refused when read
+    data = table.to_json()
+    data["clocks"][0], data["clocks"][-1] = data["clocks"][-1], data["clocks"][0]
+    with pytest.raises(ValueError, match="not a valid clock table: stage 0 runs B0"):
+        ClockTable.from_json(data)
+    data = table.to_json()
+    data["clocks"][0][0] = None
+    with pytest.raises(ValueError, match="stage 0 never runs F0"):
+        ClockTable.from_json(data)
+    with pytest.raises(ValueError, match="not a valid clock table"):
+        ClockTable.from_json({**table.to_json(), "num_stages": "two"})
 
 
 def test_import_does_not_pull_in_torch() -> None:

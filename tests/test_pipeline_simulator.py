@@ -122,6 +122,8 @@ def test_bad_arguments() -> None:
         simulate_pipeline(table, [1.0, 1.0], 1.0)
     with pytest.raises(ValueError, match="non-negative"):
         simulate_pipeline(table, -1.0, 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        simulate_pipeline(table, float("inf"), 1.0)
     with pytest.raises(ValueError, match="src < dst"):
         simulate_pipeline(table, 1.0, 1.0, [Link(2, 1, 0.0, 0.0)])
     with pytest.raises(TypeError, match="ClockTable"):

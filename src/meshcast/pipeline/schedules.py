@@ -152,12 +152,19 @@ class ClockTable:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClockTable:
-        """Inverse of :meth:`to_json`."""
-        clocks = tuple(
-            tuple(None if a is None else Action(a[0], int(a[1:])) for a in row)
-            for row in data["clocks"]
-        )
-        return cls(data["name"], data["num_stages"], data["num_microbatches"], clocks)
+        """Inverse of :meth:`to_json`; ``ValueError`` for a table no pipeline can run (see
+        :func:`_check_clocks`)."""
+        try:
+            clocks = tuple(
+                tuple(None if a is None else Action(a[0], int(a[1:])) for a in row)
+                for row in data["clocks"]
+            )
+            n = _check_count(data["num_stages"], "num_stages")
+            m = _check_count(data["num_microbatches"], "num_microbatches")
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"not a valid clock table: {type(exc).__name__}: {exc}") from None
+        _check_clocks(clocks, n, m)
+        return cls(data["name"], n, m, clocks)
 
     def chart(self, max_clocks: int | None = None) -> str:
         """The table as text: one row per stage, one column per clock, ``.`` for idle."""
@@ -268,3 +275,34 @@ Schedule = ClockTable
 """The former name of :class:`ClockTable` (kept so that code written against it still works;
 ``meshcast.planning.many.Schedule`` is a different thing: the bucketed operations of many
 plans)."""
+
+
+def _check_clocks(clocks: Sequence[Sequence[Action | None]], n: int, m: int) -> None:
+    """``ValueError`` unless every stage of ``n`` runs the forward and the backward of each of
+    ``m`` microbatches once, a forward after the previous stage's, a backward after the next
+    stage's and after the stage's own forward."""
+    at: dict[tuple[int, Action], int] = {}
+    for t, row in enumerate(clocks):
+        if len(row) != n:
+            raise ValueError(f"not a valid clock table: clock {t} has {len(row)} stages, not {n}")
+        for i, a in enumerate(row):
+            if a is not None:
+                if a.kind not in "FB" or not 0 <= a.microbatch < m or (i, a) in at:
+                    raise ValueError(f"not a valid clock table: stage {i} runs {a} at clock {t}")
+                at[(i, a)] = t
+    for i in range(n):
+        for b in range(m):
+            f, g = (i, Action("F", b)), (i, Action("B", b))
+            if f not in at or g not in at:
+                raise ValueError(f"not a valid clock table: stage {i} never runs "
+                                 f"{f[1] if f not in at else g[1]}")
+            after = [(g, f)]  # (the later, the earlier)
+            if i:
+                after.append((f, (i - 1, f[1])))
+            if i < n - 1:
+                after.append((g, (i + 1, g[1])))
+            for later, earlier in after:
+                if at[later] <= at[earlier]:
+                    raise ValueError(f"not a valid clock table: stage {i} runs {later[1]} at "
+                                     f"clock {at[later]}, not after stage {earlier[0]}'s "
+                                     f"{earlier[1]} (clock {at[earlier]})")

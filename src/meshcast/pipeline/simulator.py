@@ -30,6 +30,7 @@ The step time is the end of the last action or transfer. With free communication
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -65,8 +66,8 @@ def _per_stage(value: float | Sequence[float], count: int, argument: str) -> tup
     if len(values) != count:
         raise ValueError(f"{argument} must be one number or {count} numbers, got {value!r}")
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-            raise ValueError(f"{argument} must be non-negative numbers, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+            raise ValueError(f"{argument} must be finite non-negative numbers, got {v!r}")
     return tuple(float(v) for v in values)
 
 
