@@ -46,7 +46,9 @@ def _add(subparsers, name: str, module: str, help_text: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (sub-parsers are :class:`~meshcast.cli.common.ArgumentParser`
     too: one-line errors)."""
-    parser = ArgumentParser(prog="meshcast", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="meshcast", description=(
+        "Plan, run and measure cross-mesh resharding: meshcast plan, layout, demo, cluster, "
+        "bench. Each command's --help says more."))
     parser.add_argument("--version", action="version", version=f"meshcast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():

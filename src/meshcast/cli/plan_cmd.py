@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     with working("meshcast plan: planning"):
         result = plan(task, topology, strategy=args.strategy, balance=args.balance)
     print(result.to_json(indent=None) if args.json else result.summary())
-    if topology is None:
-        return 0
+    if topology is None or (args.json and not args.timeline):
+        return 0  # (the JSON has no simulated time: nothing to simulate)
     with working("meshcast plan: simulating the plan, computing the lower bound"):
         report = simulate(result, topology)
         bound = lower_bound(task, topology)
