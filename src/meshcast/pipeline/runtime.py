@@ -46,6 +46,7 @@ from torch import nn
 from ..core.mesh import Mesh
 from ..core.topology import Topology
 from ..runtime import ReshardError
+from ..runtime.tensors import torch_dtype
 from .exchange import BoundaryExchange
 from .graph import StageGraph, TensorEdge, check_stages
 from .process_groups import default_store, tensor_parallel_group
@@ -357,8 +358,7 @@ class PipelineRuntime:
         for e in mbs.receives:
             g = received[e.name].grad
             slot = self._exchange.outbox[("B", e.name, e.src, b)]
-            slot.value = g if g is not None else torch.zeros(e.shape,
-                                                             dtype=getattr(torch, e.dtype))
+            slot.value = g if g is not None else torch.zeros(e.shape, dtype=torch_dtype(e.dtype))
             slot.ready.set()
         if not self.overlap_backward:
             for e in mbs.receives:
