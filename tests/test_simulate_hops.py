@@ -37,5 +37,5 @@ def test_each_hop_after_the_first_adds_its_fill() -> None:
 
 
 def test_hop_bytes_must_not_be_negative() -> None:
-    with pytest.raises(ValueError, match="hop_bytes must be a finite number >= 0 .*, got -1"):
+    with pytest.raises(ValueError, match=r"hop_bytes must be a finite number >= 0 .*, got -1"):
         Topology(((0,), (1,)), hop_bytes=-1)
