@@ -262,12 +262,11 @@ class PipelineRuntime:
         i, m, graph = self.stage, self.num_microbatches, self.graph
         assert i is not None and self.module is not None
         last = i == self.num_stages - 1
-        batches = {a: inputs[a] for a, s in graph.inputs if s == i}
+        batches = [(f"input {a!r}", inputs[a]) for a, s in graph.inputs if s == i]
         if last and target is not None:
-            batches["target"] = target
-        for name, batch in batches.items():
+            batches.append(("the target", target))
+        for what, batch in batches:
             if batch.ndim == 0 or batch.shape[0] % m or batch.shape[0] < m:
-                what = "the target" if name == "target" else f"input {name!r}"
                 raise ValueError(f"{self._step.who}: {what} has a batch of "
                                  f"{batch.shape[0] if batch.ndim else 'no dimension'}, which "
                                  f"does not split into {m} equal microbatches")
