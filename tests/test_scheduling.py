@@ -16,7 +16,8 @@ from meshcast.cli import main
 from meshcast.core.cases import ONE_TO_M_MESHES, PAPER_CASES, one_to_m_task
 from meshcast.core.task import iter_slices
 from meshcast.core.units import GBIT
-from meshcast.estimate.rank_bounds import holders_bound
+from meshcast.estimate.lower_bound import host_matrix
+from meshcast.estimate.rank_bounds import holders_bound, rank_tiles, receiving_times
 from meshcast.planning.auto import auto_plan, local_search, one_remote_receiver
 from meshcast.planning.budgets import AUTO_SIM_LIMIT, CERTIFY_TOL, SEARCH_NODE_BUDGET
 from meshcast.planning.dispatch import dispatch, order_items
@@ -443,3 +444,24 @@ def test_holders_bound_counts_whole_operations():
     alone = holders_bound(np.array([7.0]), np.array([5.0]), np.array([7 * x]), np.array([x]), lat)
     assert alone[0] == pytest.approx(rank_s, rel=1e-12)
 
+
+
+@settings(max_examples=40, deadline=None)
+@given(tasks())
+def test_receiving_times_of_a_tile_need_only_its_pairs(task):
+    """A receiver's term of the per-rank bound is the same number from its destination tiles'
+    pairs alone (``rank_plan``'s certificate relies on it) and never above the bound's term."""
+    topo = p3_topology(task)
+    dec = task.decomposition
+    n_dst = len(dec.receivers_of_tile)
+    pairs, inverse = np.unique(dec.src_tile * n_dst + dec.dst_tile, return_inverse=True)
+    nbytes = np.bincount(inverse.ravel(), dec.sizes() * task.itemsize, len(pairs))
+    s, t = pairs // n_dst, pairs % n_dst
+    per_rank = rank_tiles(task, topo)
+    held = host_matrix(dec.holders_of_tile, topo.hosts_by_rank, topo.num_hosts)
+    full = receiving_times(topo, per_rank, s, t, nbytes, held)
+    for rank in range(len(per_rank.host)):
+        mine = np.isin(t, per_rank.wanted_tile[per_rank.wanted_rank == rank])
+        part = receiving_times(topo, per_rank, s[mine], t[mine], nbytes[mine], held)
+        assert part[rank] == full[rank]
+    assert full.max(initial=0.0) <= mc.lower_bound_details(task, topo).rank_s

@@ -42,16 +42,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.indexing import unique_inverse, unique_rows
 from ..core.job import topology_for_meshes
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..core.units import GBIT
-from .rank_bounds import host_bound, rank_bound, rank_tiles
+from .rank_bounds import host_bound, host_joins, rank_bound, rank_tiles
 
 __all__ = [
     "FLOAT_MARGIN",
     "LowerBound",
     "bound_seconds",
+    "host_matrix",
     "inbound_seconds",
     "joint_lower_bound",
     "lower_bound",
@@ -98,7 +100,8 @@ def bound_seconds(
     return max(max(inbound, outbound) * (1 - margin) + latency, max(rank, host) * (1 - margin))
 
 
-def _host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts: int) -> np.ndarray:
+def host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts: int) -> np.ndarray:
+    """Tile x host, bool: some rank of the host is among the tile's ranks."""
     out = np.zeros((len(tiles), n_hosts), dtype=bool)
     for t, ranks in enumerate(tiles):
         for r in ranks:
@@ -134,34 +137,34 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
     dec = task.decomposition
     n_hosts = topology.num_hosts
     host_of = topology.hosts_by_rank
-    held = _host_matrix(dec.holders_of_tile, host_of, n_hosts)
-    wanted = _host_matrix(dec.receivers_of_tile, host_of, n_hosts)
+    held = host_matrix(dec.holders_of_tile, host_of, n_hosts)
+    wanted = host_matrix(dec.receivers_of_tile, host_of, n_hosts)
     n_dst = len(dec.receivers_of_tile)
-    pair = dec.src_tile * n_dst + dec.dst_tile
-    pairs, inverse = np.unique(pair, return_inverse=True)
-    exact = _sum_by(inverse.ravel(), dec.sizes(), len(pairs)) * task.itemsize  # int64, exact
+    pairs, inverse = unique_inverse(dec.src_tile * n_dst + dec.dst_tile)
+    exact = _sum_by(inverse, dec.sizes(), len(pairs)) * task.itemsize  # int64, exact
     nbytes = exact.astype(np.float64)
     s, t = pairs // n_dst, pairs % n_dst
     # bytes that must enter each host: slices some rank of it needs and none of it holds
-    tile_bytes = np.zeros((len(held), len(wanted)))
-    tile_bytes[s, t] = nbytes
-    lacking = ~held
-    host_in = ((tile_bytes @ wanted) * lacking).sum(axis=0)
-    need_any = (wanted.astype(float) @ lacking.T.astype(float))[t, s] > 0  # some host needs it
+    w_host, w_tile = np.nonzero(wanted.T)  # (host, destination tile) it needs
+    j_entry, j_pair = host_joins(pairs, n_dst, held, w_host, w_tile)  # ... and holds a source
+    host_in = (np.bincount(w_host, np.bincount(t, nbytes, minlength=n_dst)[w_tile], n_hosts)
+               - np.bincount(w_host[j_entry], nbytes[j_pair], n_hosts))
+    common = np.bincount(j_pair, minlength=len(pairs))  # hosts that need and hold each pair
+    need_any = wanted.sum(axis=1)[t] - common > 0  # some host needs it
     b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * GBIT
     inbound = inbound_seconds(host_in, topology) if n_hosts else 0.0
     # outbound: bytes of each source tile that must leave, grouped by holder-host set (exact
     # int64 sums of disjoint parts of the tensor, which has at most 2^63 - 1 bytes)
     leave = _sum_by(s, np.where(need_any, exact, 0), len(held))
-    keys, group_of = np.unique(held, axis=0, return_inverse=True)
-    group_exact = _sum_by(group_of.ravel(), leave, len(keys))
+    keys, group_of = unique_rows(held)
+    group_exact = _sum_by(group_of, leave, len(keys))
     group_bytes = group_exact.astype(np.float64)
     groups = [tuple(np.flatnonzero(k).tolist()) for k in keys]
     keep = [g for g in range(len(groups)) if group_bytes[g] > 0]
     outbound, fractions = _outbound_lp([groups[g] for g in keep], group_bytes[keep], b_out)
     latency = topology.latency_us * 1e-6 if (inbound > 0 or outbound > 0) else 0.0
     per_rank = rank_tiles(task, topology)
-    rank = rank_bound(topology, per_rank, s, t, nbytes, held, wanted)
+    rank = rank_bound(topology, per_rank, s, t, nbytes, held, common == 0)
     host = host_bound(topology, per_rank, s, t, nbytes, held, wanted, need_any)
     return LowerBound(
         seconds=bound_seconds(inbound, outbound, latency, rank, host, FLOAT_MARGIN),

@@ -10,40 +10,139 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..core.indexing import concat_ranges
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..core.units import GBIT
 
-__all__ = ["RankTiles", "holders_bound", "host_bound", "rank_bound", "rank_tiles"]
-
-
-def _rank_matrix(tiles: list[tuple[int, ...]], index: dict[int, int]) -> np.ndarray:
-    out = np.zeros((len(tiles), len(index)))
-    for t, ranks in enumerate(tiles):
-        for r in ranks:
-            out[t, index[r]] = 1.0
-    return out
+__all__ = [
+    "RankTiles", "holders_bound", "host_bound", "host_joins", "pair_index", "rank_bound",
+    "rank_tiles", "receiving_times",
+]
 
 
 class RankTiles(NamedTuple):
-    """The ranks of a task (sorted): each one's host, and tile x rank matrices (1.0 where the
-    rank holds the source tile / needs the destination tile)."""
+    """The ranks of a task (sorted) and their tiles: each rank's host, the (tile, rank) entries
+    of the source tiles ranks hold and of the destination tiles they need (ranks as positions
+    among the sorted ranks; a rank has one tile of a layout, or several of a layout of regions),
+    and the holders of each source tile and receivers of each destination tile (counts). Entry
+    lists, not tile x rank matrices, so that thousands of tiles and ranks cost memory in ranks."""
 
     host: np.ndarray
-    held: np.ndarray
-    wanted: np.ndarray
+    held_tile: np.ndarray
+    held_rank: np.ndarray
+    wanted_tile: np.ndarray
+    wanted_rank: np.ndarray
+    holders: np.ndarray
+    receivers: np.ndarray
+
+
+def _entries(tiles: list[tuple[int, ...]], index: dict[int, int]) -> tuple[np.ndarray, ...]:
+    pairs = [(tile, index[r]) for tile, ranks in enumerate(tiles) for r in ranks]
+    out = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    return out[:, 0], out[:, 1]
 
 
 def rank_tiles(task: ReshardTask, topology: Topology) -> RankTiles:
-    """The ranks of ``task`` (sorted), each one's host, and its tile x rank matrices."""
+    """The ranks of ``task`` (sorted) with their hosts and tiles (:class:`RankTiles`)."""
     dec = task.decomposition
     ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
     index = {r: i for i, r in enumerate(ranks)}
     return RankTiles(
         np.array([topology.hosts_by_rank[r] for r in ranks], dtype=np.int64),
-        _rank_matrix(dec.holders_of_tile, index),
-        _rank_matrix(dec.receivers_of_tile, index),
+        *_entries(dec.holders_of_tile, index),
+        *_entries(dec.receivers_of_tile, index),
+        np.array([len(h) for h in dec.holders_of_tile], dtype=np.int64),
+        np.array([len(r) for r in dec.receivers_of_tile], dtype=np.int64),
     )
+
+
+def pair_index(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Positions of ``query`` in the sorted unique ``keys`` (tile pairs ``s * n_dst + t``), -1
+    where absent."""
+    if not len(keys):
+        return np.full(len(query), -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+    return np.where(keys[pos] == query, pos, -1)
+
+
+def host_joins(keys: np.ndarray, n_dst: int, held_host: np.ndarray, host: np.ndarray,
+               tile: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each entry ``e`` (a destination tile ``tile[e]`` needed on host ``host[e]``; -1: none)
+    and each source tile ``s`` held on that host (``held_host``: source tile x host, bool) that
+    forms a pair ``(s, tile[e])`` in ``keys`` (sorted ``s * n_dst + t``): ``e`` and the pair's
+    position, flat. Work in the entries times the tiles held per host, no tile x tile matrix."""
+    hs_host, hs_tile = np.nonzero(held_host.T)  # by host, then tile
+    first = np.searchsorted(hs_host, np.arange(held_host.shape[1] + 1))
+    who = np.flatnonzero(tile >= 0)
+    lo = first[host[who]]
+    at, held = concat_ranges(lo, first[host[who] + 1] - lo)
+    entry = who[at]
+    pair = pair_index(keys, hs_tile[held] * n_dst + tile[entry])
+    hit = pair >= 0
+    return entry[hit], pair[hit]
+
+
+def _fastest(topology: Topology) -> float:
+    """Bytes/s of the fastest link anything can take: inside a host or all NICs of one."""
+    return max(
+        topology.intra_gbps,
+        *(g * k for g, k in zip(topology.nic_in_gbps, topology.nics_per_host)),
+        *(g * k for g, k in zip(topology.nic_out_gbps, topology.nics_per_host)),
+    ) * GBIT
+
+
+def _held_by_receivers(per_rank: RankTiles, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, pair) for each pair in ``keys`` (sorted ``s * n_dst + t``) whose destination tile
+    the rank needs and whose source tile it holds, flat."""
+    h_by = np.argsort(per_rank.held_rank, kind="stable")
+    h_first = np.searchsorted(per_rank.held_rank[h_by], np.arange(len(per_rank.host) + 1))
+    w_rank = per_rank.wanted_rank
+    entry, at = concat_ranges(h_first[w_rank], h_first[w_rank + 1] - h_first[w_rank])
+    held = per_rank.held_tile[h_by[at]]
+    pair = pair_index(keys, held * len(per_rank.receivers) + per_rank.wanted_tile[entry])
+    return w_rank[entry][pair >= 0], pair[pair >= 0]
+
+
+def receiving_times(
+    topology: Topology,
+    per_rank: RankTiles,
+    s: np.ndarray,
+    t: np.ndarray,
+    nbytes: np.ndarray,
+    held_host: np.ndarray,
+) -> np.ndarray:
+    """Per rank, the least time it spends receiving (module doc: slices wanted and not held);
+    ``s, t, nbytes``: unit slices by tile pair, sorted by ``(s, t)``; ``held_host``: tile x host,
+    some rank of the host holds the tile. A rank's figure depends on the pairs of its
+    destination tiles alone (summed in the same order whatever other pairs are given)."""
+    lat = topology.latency_us * 1e-6
+    n_ranks, n_dst = len(per_rank.host), len(per_rank.receivers)
+    w_tile, w_rank = per_rank.wanted_tile, per_rank.wanted_rank
+    keys = s * n_dst + t
+
+    def per_rank_sum(tile_values: np.ndarray) -> np.ndarray:  # over each rank's wanted tiles
+        return np.bincount(w_rank, tile_values[w_tile], minlength=n_ranks)
+
+    # slices wanted and not held
+    j_rank, j_pair = _held_by_receivers(per_rank, keys)
+    n_recv = (per_rank_sum(np.bincount(t, minlength=n_dst).astype(float))
+              - np.bincount(j_rank, minlength=n_ranks))
+    wanted_bytes = per_rank_sum(np.bincount(t, nbytes, minlength=n_dst))
+    b_recv = wanted_bytes - np.bincount(j_rank, nbytes[j_pair], minlength=n_ranks)
+    # a slice no rank of the receiver's host holds reaches it either in one operation that crosses
+    # into the host (lat + bytes over one inbound NIC) or in two or more (an AllGather member
+    # contributes a part it received before): lat + min(bytes / NIC, lat), not bytes / fastest
+    nic_in = np.array(topology.nic_in_gbps, dtype=float)[per_rank.host] * GBIT
+    e, e_pair = host_joins(keys, n_dst, held_host, per_rank.host[w_rank], w_tile)
+    off_bytes = wanted_bytes - np.bincount(w_rank[e], nbytes[e_pair], minlength=n_ranks)
+    off_cost = np.zeros(n_ranks)
+    for rate in np.unique(nic_in).tolist():
+        on = nic_in == rate
+        extra = np.minimum(nbytes / rate, lat)
+        held_extra = np.bincount(w_rank[e], extra[e_pair], minlength=n_ranks)
+        off_cost[on] = (per_rank_sum(np.bincount(t, extra, minlength=n_dst)) - held_extra)[on]
+    return n_recv * lat + np.maximum(b_recv - off_bytes, 0.0) / _fastest(topology) + off_cost
 
 
 def rank_bound(
@@ -53,54 +152,32 @@ def rank_bound(
     t: np.ndarray,
     nbytes: np.ndarray,
     held_host: np.ndarray,
-    wanted_host: np.ndarray,
+    cross: np.ndarray,
 ) -> float:
-    """The per-rank latency bound (module doc); ``s, t, nbytes``: unit slices by tile pair;
-    ``held_host`` / ``wanted_host``: tile x host, some rank of the host holds / needs the tile."""
+    """The per-rank latency bound (module doc); ``s, t, nbytes``: unit slices by tile pair,
+    sorted by ``(s, t)``; ``held_host``: tile x host, some rank of the host holds the tile;
+    ``cross``: per pair, no host both needs and holds it."""
     lat = topology.latency_us * 1e-6
-    rank_host, held, wanted = per_rank  # src tile x rank, dst tile x rank
-    count = np.zeros((len(held), len(wanted)))
-    weight = np.zeros_like(count)
-    count[s, t] = 1.0
-    weight[s, t] = nbytes
-    # receivers: slices wanted and not held
-    n_recv = (count.sum(axis=0) @ wanted) - ((count @ wanted) * held).sum(axis=0)
-    b_recv = (weight.sum(axis=0) @ wanted) - ((weight @ wanted) * held).sum(axis=0)
+    n_holders, n_receivers = per_rank.holders, per_rank.receivers
+    keys = s * len(n_receivers) + t
+    per_rank_s = receiving_times(topology, per_rank, s, t, nbytes, held_host)
     # senders: every slice some receiver lacks needs an operation from one of its holders, and
     # the holders of one source tile hold no other tile: ceil(slices / holders) ops for one of them
-    overlap = held @ wanted.T  # src tile x dst tile: receivers that hold it already
-    lacks = wanted.sum(axis=1)[t] - overlap[s, t] > 0  # per pair: some receiver lacks it
-    n_tile = np.bincount(s[lacks], minlength=len(held)).astype(float)
-    holders = np.maximum(held.sum(axis=1), 1.0)
-    fastest = max(
-        topology.intra_gbps,
-        *(g * k for g, k in zip(topology.nic_in_gbps, topology.nics_per_host)),
-        *(g * k for g, k in zip(topology.nic_out_gbps, topology.nics_per_host)),
-    ) * GBIT
-    # a slice no rank of the receiver's host holds reaches it either in one operation that crosses
-    # into the host (lat + bytes over one inbound NIC) or in two or more (an AllGather member
-    # contributes a part it received before): lat + min(bytes / NIC, lat), not bytes / fastest
-    nic_in = np.array(topology.nic_in_gbps, dtype=float)[rank_host] * GBIT
-    held_by_host = held_host.T.astype(float)  # host x src tile
-    off_bytes = np.zeros(len(rank_host))
-    off_cost = np.zeros(len(rank_host))
-    for rate in np.unique(nic_in):
-        on = nic_in == rate
-        extra = np.minimum(weight / rate, lat)
-        for mat, out in ((weight, off_bytes), (extra, off_cost)):
-            per_host = mat.sum(axis=0)[None, :] - held_by_host @ mat  # host x dst tile
-            out[on] = (per_host[rank_host[on]] * wanted[:, on].T).sum(axis=1)
-    per_rank = n_recv * lat + np.maximum(b_recv - off_bytes, 0.0) / fastest + off_cost
-    # senders: a slice no receiver of which sits on a holder host crosses a NIC in every
-    # operation that carries it, at most at the fastest single outbound NIC's rate
+    overlap = np.bincount(_held_by_receivers(per_rank, keys)[1], minlength=len(keys))
+    lacks = n_receivers[t] - overlap > 0  # per pair: some receiver lacks it
+    n_tile = np.bincount(s[lacks], minlength=len(n_holders)).astype(float)
+    holders = np.maximum(n_holders, 1).astype(float)
+    # a slice no receiver of which sits on a holder host crosses a NIC in every operation that
+    # carries it, at most at the fastest single outbound NIC's rate
     nic = max(topology.nic_out_gbps) * GBIT
-    cross = (wanted_host.astype(float) @ held_host.T.astype(float))[t, s] == 0
-    move = np.where(lacks, nbytes / np.where(cross, nic, fastest), 0.0)  # transfer seconds
-    x_tile = np.bincount(s, weights=move, minlength=len(held))
-    x_max = np.zeros(len(held))
-    np.maximum.at(x_max, s, move)
+    move = np.where(lacks, nbytes / np.where(cross, nic, _fastest(topology)), 0.0)  # seconds
+    x_tile = np.bincount(s, weights=move, minlength=len(n_holders))
+    x_max = np.zeros(len(n_holders))
+    if len(s):  # s is sorted: one run per source tile
+        runs = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+        x_max[s[runs]] = np.maximum.reduceat(move, runs)
     per_tile = holders_bound(n_tile, holders, x_tile, x_max, lat)
-    return float(max(per_rank.max(initial=0.0), per_tile.max(initial=0.0)))
+    return float(max(per_rank_s.max(initial=0.0), per_tile.max(initial=0.0)))
 
 
 def holders_bound(n: np.ndarray, k: np.ndarray, work: np.ndarray, most: np.ndarray,
@@ -154,6 +231,43 @@ def _root(groups: list[tuple[int, int]], work: float, most: float, lat: float) -
     return bends[-1]
 
 
+PAIR_CHUNK = 1 << 20
+"""Tile pairs per pass of :func:`host_bound`'s receiving term (its temporaries stay small)."""
+
+
+def _receiving(topology: Topology, per_rank: RankTiles, s: np.ndarray, t: np.ndarray,
+               nbytes: np.ndarray, held_host: np.ndarray, wanted_host: np.ndarray) -> np.ndarray:
+    """Per host, the rank time its ranks must spend receiving (module doc: k ranks of host h
+    lack a slice), over one entry per (pair, host that needs its destination tile)."""
+    lat = topology.latency_us * 1e-6
+    host_of = per_rank.host
+    n_hosts, n_dst = held_host.shape[1], len(per_rank.receivers)
+    e_tile, e_host = np.nonzero(wanted_host)  # (tile, host) entries, sorted
+    e_first = np.searchsorted(e_tile, np.arange(n_dst + 1))
+    width = e_first[1:] - e_first[:-1]
+    # each entry's ranks that need the tile, minus those that hold the slice already
+    w_key = per_rank.wanted_tile * n_hosts + host_of[per_rank.wanted_rank]
+    ranks = np.unique(w_key, return_counts=True)[1]
+    j_rank, j_pair = _held_by_receivers(per_rank, s * n_dst + t)
+    have, n_have = np.unique(j_pair * n_hosts + host_of[j_rank], return_counts=True)
+    nic_in = np.array(topology.nic_in_gbps, dtype=float) * GBIT
+    busy = np.zeros(n_hosts)
+    for a in range(0, len(s), PAIR_CHUNK):
+        item, entry = concat_ranges(e_first[t[a : a + PAIR_CHUNK]], width[t[a : a + PAIR_CHUNK]])
+        pair, host = a + item, e_host[entry]
+        k = ranks[entry]
+        if len(have):
+            k = k - np.append(n_have, 0)[pair_index(have, pair * n_hosts + host)]
+        tr = nbytes[pair] / nic_in[host]
+        recv = np.where(
+            held_host[s[pair], host],
+            k * lat + np.minimum(k * tr, lat),
+            k * lat + tr + (k - 1) * np.minimum(tr, lat),
+        )
+        busy += np.bincount(host, np.where(k > 0, recv, 0.0), minlength=n_hosts)
+    return busy
+
+
 def host_bound(
     topology: Topology,
     per_rank: RankTiles,
@@ -171,28 +285,8 @@ def host_bound(
         return 0.0
     lat = topology.latency_us * 1e-6
     size = np.array([len(r) for r in topology.hosts], dtype=float)
-    rank_host, held, wanted = per_rank  # src tile x rank, dst tile x rank
-    best = 0.0
-    # the pairs of each destination tile (only those can have receivers on a host)
-    by_t = np.argsort(t, kind="stable")
-    first = np.searchsorted(t[by_t], np.arange(len(wanted) + 1))
-    # receiving: k ranks of host h lack the slice
-    for h in np.flatnonzero(wanted_host.any(axis=0)).tolist():
-        cols = np.flatnonzero(rank_host == h)
-        tiles = np.flatnonzero(wanted_host[:, h])
-        idx = np.concatenate([by_t[first[x] : first[x + 1]] for x in tiles.tolist()])
-        sh, th, bh = s[idx], t[idx], nbytes[idx]
-        k = wanted[:, cols].sum(axis=1)[th]
-        held_h = held[:, cols]
-        if held_h.any():
-            k = k - (held_h @ wanted[:, cols].T)[sh, th]
-        tr = bh / (topology.nic_in_gbps[h] * GBIT)
-        recv = np.where(
-            held_host[sh, h],
-            k * lat + np.minimum(k * tr, lat),
-            k * lat + tr + (k - 1) * np.minimum(tr, lat),
-        )
-        best = max(best, float(recv[k > 0].sum()) / size[h])
+    busy = _receiving(topology, per_rank, s, t, nbytes, held_host, wanted_host)
+    best = float((busy / size).max(initial=0.0))
     # sending: slices held on one host alone that some other host needs
     alone = (held_host.sum(axis=1) == 1)[s]
     go = np.flatnonzero(alone & need_any)

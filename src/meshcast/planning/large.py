@@ -5,7 +5,7 @@ One broadcast per unit slice, senders in turn among the holders of each source t
 rank-disjoint rounds (a Latin square when every sender sends to every receiver, else a
 first-fit colouring); where NICs are shared also a phased order that overlaps the start-ups of
 some of each NIC's ranks with the others' transfers (:mod:`.phased`). Where no NIC serves two
-ranks the plan's simulated time is evaluated exactly round by round (:func:`_rounds_time`).
+ranks the plan's simulated time is evaluated exactly round by round (:mod:`.exact_rounds`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from .dispatch import first_fit_rounds
+from .exact_rounds import by_round, rank_coder, rounds_end, sends_rounds_time
 from .items import Nets
 from .phased import bipartite_components, phased_sends
 
-__all__ = ["LargePlans", "large_plan", "sends_rounds_time", "unshared_nics"]
+__all__ = ["LargePlans", "large_plan", "unshared_nics"]
 
 
 def unshared_nics(topology: Topology) -> bool:
@@ -55,46 +56,6 @@ def _op_rate(op: Op, topology: Topology, nets: Nets) -> float:
     if fan:
         rates.append(nets.intra)
     return min(rates) if rates else nets.intra
-
-
-def _rounds_time(
-    topology: Topology,
-    copy_end: dict[int, float],
-    flat: np.ndarray,
-    counts: np.ndarray,
-    nbytes: np.ndarray,
-    rate: np.ndarray,
-    slot: np.ndarray,
-) -> float:
-    """Exact :func:`meshcast.simulate` time of a plan made of per-rank copies followed by network
-    operations listed in rounds (``slot`` non-decreasing; the operations of one round share no
-    rank), on a topology where no NIC serves two ranks (:func:`unshared_nics`). Operation ``i``
-    has the ranks ``flat[sum(counts[:i]) : sum(counts[:i + 1])]``.
-
-    Why exact: no transfer ever shares a NIC, so every operation takes ``latency`` plus its
-    bytes at :func:`_op_rate`, and starts when its ranks are free (their previous operation in
-    plan order has ended). Within a round the ranks are disjoint, so the round is evaluated at
-    once with numpy; the float operations are the simulator's (``(start + lat) + bytes / rate``,
-    copies ``start + bytes / intra`` one after another), so the result is the same number.
-    """
-    lat = topology.latency_us * 1e-6
-    everyone, dense = np.unique(flat, return_inverse=True)
-    free = np.array([copy_end.get(r, 0.0) for r in everyone.tolist()], dtype=np.float64)
-    offsets = np.concatenate(([0], np.cumsum(counts)))
-    cuts = np.flatnonzero(np.diff(slot)) + 1
-    bounds = np.concatenate(([0], cuts, [len(counts)])).tolist()
-    dur = nbytes.astype(np.float64) / rate
-    end_all = max(copy_end.values(), default=0.0)
-    for a, b in itertools.pairwise(bounds):
-        if a == b:
-            continue
-        lo, hi = offsets[a], offsets[b]
-        who = dense[lo:hi]
-        start = np.maximum.reduceat(free[who], offsets[a:b] - lo)
-        end = (start + lat) + dur[a:b]
-        free[who] = np.repeat(end, counts[a:b])
-        end_all = max(end_all, float(end.max()))
-    return end_all
 
 
 def _rounds(senders: list[int], remotes: list[tuple[int, ...]]) -> np.ndarray:
@@ -227,8 +188,8 @@ def _exact_time(
     order_a: np.ndarray,
     slot: np.ndarray,
 ) -> float:
-    """:func:`_rounds_time` of the large plan (``ops`` in the order ``order_a``, rounds
-    ``slot``) on a topology where no NIC serves two ranks."""
+    """The exact time (:mod:`.exact_rounds`) of the large plan (``ops`` in the order
+    ``order_a``, rounds ``slot``) on a topology where no NIC serves two ranks."""
     senders, remotes, keep, sizes = ls.senders, ls.remotes, ls.keep, ls.sizes
     nets = Nets(topology)
     itemsize = task.itemsize
@@ -242,42 +203,16 @@ def _exact_time(
     if len(ops) and int(counts.max()) == 2:  # sends only: vectorised
         snd = np.array(senders, dtype=np.int64)[order_a]
         rcv = np.array([r[0] for r in remotes], dtype=np.int64)[order_a]
-        return sends_rounds_time(topology, copy_end, snd, rcv, nbytes, slots, nets)
+        return sends_rounds_time(topology, copy_end, by_round(slots, snd, rcv, nbytes), nets)
     order = order_a.tolist()
-    rate = np.array([_op_rate(ops[j], topology, nets) for j in order])
-    flat = np.fromiter(
+    dur = nbytes / np.array([_op_rate(ops[j], topology, nets) for j in order])
+    ranks = np.array(sorted(topology.hosts_by_rank), dtype=np.int64)
+    flat = rank_coder(ranks)(np.fromiter(
         itertools.chain.from_iterable((senders[j], *remotes[j]) for j in order),
         dtype=np.int64,
-    )
+    ))
     counts = counts[order_a] if len(ops) else counts
-    return _rounds_time(topology, copy_end, flat, counts, nbytes, rate, slots)
-
-
-def sends_rounds_time(
-    topology: Topology,
-    copy_end: dict[int, float],
-    snd: np.ndarray,
-    rcv: np.ndarray,
-    nbytes: np.ndarray,
-    slots: np.ndarray,
-    nets: Nets | None = None,
-) -> float:
-    """The exact :func:`meshcast.simulate` time (:func:`_rounds_time`) of a plan of per-rank
-    copies ending at ``copy_end`` then sends ``snd[k] -> rcv[k]`` of ``nbytes[k]`` bytes in
-    plan order, in rank-disjoint rounds ``slots`` (non-decreasing), on a topology where no NIC
-    serves two ranks (:func:`unshared_nics`); vectorised, no operation built."""
-    nets = Nets(topology) if nets is None else nets
-    top = int(max(snd.max(), rcv.max())) + 1
-    nic_of = np.zeros(top, dtype=np.int64)
-    host_of = np.zeros(top, dtype=np.int64)
-    for r in np.unique(np.concatenate((snd, rcv))).tolist():
-        nic_of[r], host_of[r] = nets.nic[r], nets.host_of[r]
-    out_bw, in_bw = np.array(nets.out_bw), np.array(nets.in_bw)
-    rate = np.where(
-        host_of[snd] == host_of[rcv],
-        nets.intra,
-        np.minimum(out_bw[nic_of[snd]], in_bw[nic_of[rcv]]),
-    )
-    flat = np.stack((snd, rcv), axis=1).ravel()
-    counts = np.full(len(snd), 2, dtype=np.int64)
-    return _rounds_time(topology, copy_end, flat, counts, nbytes, rate, slots)
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    rounds = ((flat[offsets[i[0]] : offsets[i[-1] + 1]], d, c)
+              for i, d, c in by_round(slots, np.arange(len(counts)), dur, counts))
+    return rounds_end(topology, copy_end, ranks, rounds)

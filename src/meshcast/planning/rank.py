@@ -10,11 +10,12 @@ Latin-square rounds ``(i + j) mod K`` (sender ``i``, receiver ``j`` in rank orde
 takes part in one send per round and its sends, in plan order, are its pairs sorted by round:
 computable from the rank alone. ``"auto"`` keeps that plan when its exact time meets the lower
 bound (the certificate); the certificate is computed once per task and topology, vectorised,
-without building an operation (:func:`~meshcast.planning.large.sends_rounds_time`).
+without building an operation (:func:`~meshcast.planning.exact_rounds.sends_rounds_time`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -24,9 +25,11 @@ from ..core.cache import BoundedCache
 from ..core.ops import Op, Send
 from ..core.task import ReshardTask
 from ..core.topology import Topology
-from ..estimate.lower_bound import lower_bound_details
+from ..estimate.lower_bound import host_matrix, lower_bound_details
+from ..estimate.rank_bounds import rank_tiles, receiving_times
 from .budgets import AUTO_SIM_LIMIT, CERTIFY_TOL
-from .large import sends_rounds_time, unshared_nics
+from .exact_rounds import sends_rounds_time
+from .large import unshared_nics
 from .planner import PLAN_CACHE, plan, plan_key
 
 __all__ = ["RANK_CACHE", "RegularFamily", "rank_plan", "regular_family"]
@@ -76,15 +79,41 @@ def _structure(task: ReshardTask) -> RegularFamily | None:
 
 def _certified(task: ReshardTask, topology: Topology, fam: RegularFamily) -> bool:
     """Whether the Latin-square plan's exact time meets the lower bound, as ``"auto"``'s large
-    path checks it before keeping that plan (:mod:`meshcast.planning.auto`)."""
+    path checks it before keeping that plan (:mod:`meshcast.planning.auto`). The sends come
+    round by round straight from the pair table (the order within a round does not change the
+    time: its ranks are disjoint), so no array of one item per send is built."""
+    n_s, n_r = fam.pair.shape
+    s_tile, r_tile = np.argsort(fam.s_index), np.argsort(fam.r_index)  # the tile at each index
+    sizes = task.decomposition.sizes() * task.itemsize
+    senders = fam.sender[s_tile]
+
+    def rounds() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for r in range(fam.rounds):
+            j = (r - np.arange(n_s)) % fam.rounds
+            ok = j < n_r
+            rcv_tile = r_tile[j[ok]]
+            yield senders[ok], fam.receiver[rcv_tile], sizes[fam.pair[s_tile[ok], rcv_tile]]
+
+    exact = sends_rounds_time(topology, {}, rounds())
+    return any(exact <= bound() * (1 + CERTIFY_TOL) for bound in (
+        lambda: _receiver_bound(task, topology, fam),
+        lambda: lower_bound_details(task, topology).unmargined_s))
+
+
+def _receiver_bound(task: ReshardTask, topology: Topology, fam: RegularFamily) -> float:
+    """The lower bound's per-rank term (:func:`~meshcast.estimate.rank_bounds.receiving_times`)
+    of the receiver of the largest destination tile, from that tile's pairs alone: the same
+    number the whole bound computes for it, so never above the whole bound, and a certificate
+    that holds against it holds against the whole bound (which is computed only otherwise)."""
     dec = task.decomposition
-    i, j = fam.s_index[dec.src_tile], fam.r_index[dec.dst_tile]
-    slot = (i + j) % fam.rounds
     sizes = dec.sizes()
-    order = np.lexsort((np.arange(len(dec)), -sizes, slot))
-    snd, rcv = fam.sender[dec.src_tile][order], fam.receiver[dec.dst_tile][order]
-    exact = sends_rounds_time(topology, {}, snd, rcv, sizes[order] * task.itemsize, slot[order])
-    return exact <= lower_bound_details(task, topology).unmargined_s * (1 + CERTIFY_TOL)
+    t = int(np.argmax(np.bincount(dec.dst_tile, sizes, minlength=fam.pair.shape[1])))
+    per_rank = rank_tiles(task, topology)
+    held = host_matrix(dec.holders_of_tile, topology.hosts_by_rank, topology.num_hosts)
+    s = np.arange(fam.pair.shape[0])
+    nbytes = (sizes[fam.pair[:, t]] * task.itemsize).astype(np.float64)
+    times = receiving_times(topology, per_rank, s, np.full_like(s, t), nbytes, held)
+    return float(times[per_rank.wanted_rank[per_rank.wanted_tile == t]].max())
 
 
 def regular_family(task: ReshardTask, topology: Topology) -> RegularFamily | None:
