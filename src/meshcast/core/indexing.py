@@ -44,7 +44,8 @@ def concat_ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, n
     counts = np.asarray(counts, dtype=np.int64)
     if len(counts) and counts.min() == counts.max() == 1:
         return np.arange(len(counts)), np.asarray(starts, dtype=np.int64)
+    if not counts.any():
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     item = np.repeat(np.arange(len(counts)), counts)
     ends = np.cumsum(counts)
-    return item, np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - ends + counts,
-                                                                             counts)
+    return item, np.arange(int(ends[-1])) + np.repeat(starts - ends + counts, counts)

@@ -35,6 +35,9 @@ class RankTiles(NamedTuple):
     wanted_rank: np.ndarray
     holders: np.ndarray
     receivers: np.ndarray
+    mixed: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """(rank, source tile, destination tile) for each source tile a rank holds and destination
+    tile it needs (ranks on both sides only)."""
 
 
 def _entries(tiles: list[tuple[int, ...]], index: dict[int, int]) -> tuple[np.ndarray, ...]:
@@ -48,12 +51,18 @@ def rank_tiles(task: ReshardTask, topology: Topology) -> RankTiles:
     dec = task.decomposition
     ranks = sorted(set(task.src.mesh.devices) | set(task.dst.mesh.devices))
     index = {r: i for i, r in enumerate(ranks)}
+    held_tile, held_rank = _entries(dec.holders_of_tile, index)
+    wanted_tile, wanted_rank = _entries(dec.receivers_of_tile, index)
+    h_by = np.argsort(held_rank, kind="stable")
+    h_first = np.searchsorted(held_rank[h_by], np.arange(len(ranks) + 1))
+    entry, at = concat_ranges(h_first[wanted_rank], h_first[wanted_rank + 1]
+                              - h_first[wanted_rank])
     return RankTiles(
         np.array([topology.hosts_by_rank[r] for r in ranks], dtype=np.int64),
-        *_entries(dec.holders_of_tile, index),
-        *_entries(dec.receivers_of_tile, index),
+        held_tile, held_rank, wanted_tile, wanted_rank,
         np.array([len(h) for h in dec.holders_of_tile], dtype=np.int64),
         np.array([len(r) for r in dec.receivers_of_tile], dtype=np.int64),
+        (wanted_rank[entry], held_tile[h_by[at]], wanted_tile[entry]),
     )
 
 
@@ -95,13 +104,9 @@ def _fastest(topology: Topology) -> float:
 def _held_by_receivers(per_rank: RankTiles, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rank, pair) for each pair in ``keys`` (sorted ``s * n_dst + t``) whose destination tile
     the rank needs and whose source tile it holds, flat."""
-    h_by = np.argsort(per_rank.held_rank, kind="stable")
-    h_first = np.searchsorted(per_rank.held_rank[h_by], np.arange(len(per_rank.host) + 1))
-    w_rank = per_rank.wanted_rank
-    entry, at = concat_ranges(h_first[w_rank], h_first[w_rank + 1] - h_first[w_rank])
-    held = per_rank.held_tile[h_by[at]]
-    pair = pair_index(keys, held * len(per_rank.receivers) + per_rank.wanted_tile[entry])
-    return w_rank[entry][pair >= 0], pair[pair >= 0]
+    rank, src, dst = per_rank.mixed
+    pair = pair_index(keys, src * len(per_rank.receivers) + dst)
+    return rank[pair >= 0], pair[pair >= 0]
 
 
 def receiving_times(
