@@ -13,6 +13,7 @@ Each figure comes from a fresh process (a fresh task, empty caches, after the im
   certificate, then rank 0's operations), then ``--ranks`` more ranks (default all 1,023
   others) one after another (mean per rank), the operations of rank 0 and the ``tracemalloc``
   peak and retained bytes of the first call;
+* ``as JSON``: the size of the operations returned (``op_to_json`` of each, one JSON list);
 * ``max RSS``: the most memory the timing process held (``ru_maxrss``: imports, the task's
   decomposition and everything the call built).
 
@@ -32,6 +33,7 @@ import time
 import tracemalloc
 
 import meshcast as mc
+from meshcast.core.ops import op_to_json
 
 
 def task_and_topology(hosts: int) -> tuple[mc.ReshardTask, mc.Topology]:
@@ -67,6 +69,7 @@ def measure(method: str, memory: bool, ranks: int, hosts: int) -> dict[str, floa
         tracemalloc.stop()
         return {"peak_mib": peak / 2**20, "retained_mib": retained / 2**20}
     res = {"first_s": first, "ops": len(out),
+           "json_kib": len(json.dumps([op_to_json(op) for op in out])) / 1024,
            "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if method == "rank_plan":
         t = time.perf_counter()
@@ -101,12 +104,13 @@ def main() -> None:
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             rows[method].update(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
-    print("| call | first call s | then per rank ms | operations | peak MiB | retained MiB "
-          "| max RSS MiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| call | first call s | then per rank ms | operations | as JSON KiB | peak MiB "
+          "| retained MiB | max RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for method, r in rows.items():
         per = f"{r['per_rank_ms']:.2f}" if "per_rank_ms" in r else "-"
-        print(f"| {method} | {r['first_s']:.3f} | {per} | {r['ops']:,} | {r['peak_mib']:.1f} "
+        print(f"| {method} | {r['first_s']:.3f} | {per} | {r['ops']:,} | {r['json_kib']:,.0f} "
+              f"| {r['peak_mib']:.1f} "
               f"| {r['retained_mib']:.1f} | {r['maxrss_mib']:.0f} |")
 
 
