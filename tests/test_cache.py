@@ -3,6 +3,9 @@ cleared through the public functions."""
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import pytest
 
 import meshcast
@@ -67,3 +70,21 @@ def test_plan_serves_a_repeated_call_from_its_cache() -> None:
     assert meshcast.plan(task) is meshcast.plan(task)  # the default topology too
     meshcast.clear_plan_cache()
     assert meshcast.cache_info()["planning.plan"].size == 0
+
+
+def test_a_repeated_call_checks_the_topology_once_and_hashes_are_kept() -> None:
+    """The coverage check of a (topology, meshes) pair is remembered, a rank outside is still
+    refused, and the kept hashes of meshes and topologies agree with equality, also after a copy
+    to another process (pickle) and for a topology differing only by name."""
+    topo = meshcast.Topology.preset("h100x8", 2)
+    inside, outside = meshcast.Mesh.from_range(0, (2, 8)), meshcast.Mesh.from_range(8, (2, 8))
+    topo.covers_meshes([inside])
+    assert inside in topo._covered
+    with pytest.raises(ValueError, match="does not place ranks \\[16"):
+        topo.covers_meshes([inside, outside])
+    assert outside not in topo._covered
+    copy = pickle.loads(pickle.dumps(topo))
+    assert copy == topo and hash(copy) == hash(topo)
+    renamed = dataclasses.replace(topo, name="other")
+    assert renamed != topo and hash(renamed) == hash(topo)
+    assert hash(pickle.loads(pickle.dumps(inside))) == hash(meshcast.Mesh.from_range(0, (2, 8)))

@@ -249,5 +249,5 @@ def topology_for_meshes(topology: Topology | None, *meshes: Mesh) -> Topology:
         return _CONVENTION.get_or_make(meshes, lambda: Topology.from_meshes(*meshes))
     elif not isinstance(topology, Topology):
         raise TypeError(f"topology must be a meshcast.Topology or None, got {topology!r}")
-    topology.covers({r for mesh in meshes for r in mesh.devices})
+    topology.covers_meshes(meshes)
     return topology

@@ -25,7 +25,7 @@ class Mesh:
     convention a 2-D mesh is (hosts, devices per host).
     """
 
-    __slots__ = ("_devices", "_index", "_shape")
+    __slots__ = ("_devices", "_hash", "_index", "_shape")
 
     def __init__(self, devices: Any) -> None:
         if isinstance(devices, Mesh):
@@ -60,6 +60,7 @@ class Mesh:
         self._devices: tuple[int, ...] = tuple(flat)
         self._shape: tuple[int, ...] = tuple(int(s) for s in array.shape)
         self._index: dict[int, int] | None = None
+        self._hash = hash((self._shape, self._devices))  # ints only: the same in every process
 
     @classmethod
     def from_range(cls, start: int, shape: int | Sequence[int]) -> Mesh:
@@ -133,7 +134,7 @@ class Mesh:
         )
 
     def __hash__(self) -> int:
-        return hash((self._shape, self._devices))
+        return self._hash
 
     def notation(self) -> str:
         """Short form ``2x4@8`` when the ranks are consecutive, else the list of ranks."""

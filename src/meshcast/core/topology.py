@@ -75,6 +75,17 @@ class Topology:
     name: str = ""
     hop_bytes: float = 0.0
     _host_of: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    _covered: set[Any] = field(default_factory=set, init=False, compare=False, repr=False)
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        """Of the numbers alone (not ``name``: a string's hash differs between processes), so
+        it can be computed once and kept, also in a copy sent to another process."""
+        if not self._hash:
+            object.__setattr__(self, "_hash", hash((
+                self.hosts, self.nic_in_gbps, self.nic_out_gbps, self.nics_per_host,
+                self.intra_gbps, self.latency_us, self.hop_bytes)) or 1)
+        return self._hash
 
     def __post_init__(self) -> None:
         hosts = tuple(tuple(as_index(r, "hosts rank") for r in h) for h in self.hosts)
@@ -246,6 +257,17 @@ class Topology:
         missing = [r for r in ranks if r not in self._host_of]
         if missing:
             raise ValueError(f"topology does not place ranks {missing[:8]} on any host")
+
+    def covers_meshes(self, meshes: Iterable[Any]) -> None:
+        """:meth:`covers` for the ranks of ``meshes`` (:class:`~meshcast.Mesh`), remembering the
+        meshes found covered (so a repeated planning call checks nothing again)."""
+        meshes = tuple(meshes)
+        if all(m in self._covered for m in meshes):
+            return
+        self.covers({r for m in meshes for r in m})
+        if len(self._covered) > 256:
+            self._covered.clear()
+        self._covered.update(meshes)
 
     def to_json(self) -> dict[str, Any]:
         """Plain-data form."""

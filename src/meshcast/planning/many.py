@@ -158,7 +158,7 @@ def _check_covered(tasks: Sequence[ReshardTask], topology: Topology) -> None:
     distinct meshes are checked once (a model's tasks share a few meshes)."""
     meshes = {id(m): m for t in tasks for m in (t.src.mesh, t.dst.mesh)}
     try:
-        topology.covers({r for m in meshes.values() for r in m.devices})
+        topology.covers_meshes(meshes.values())
     except ValueError:
         for k, t in enumerate(tasks):
             try:
