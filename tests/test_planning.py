@@ -11,6 +11,7 @@ from strategies import sample_array, tasks
 
 import meshcast as mc
 from meshcast.core.cases import PAPER_CASES
+from meshcast.planning.budgets import seeded_rng
 
 
 def _cells(box):
@@ -210,3 +211,13 @@ def test_summary_and_json_shape():
     assert again == plan and again.to_json() == plan.to_json()
     with pytest.raises(ValueError, match="not a meshcast plan"):
         mc.Plan.from_json("{}")
+
+
+def test_seeded_rng_is_default_rngs_stream_every_time():
+    """The planner's generators (seed sequence and state kept per key) draw what
+    ``numpy.random.default_rng(list(key))`` draws, on the first and on every later call."""
+    for key in [(1,), (20230501, 3, 4), (5, 0)]:
+        for _ in range(2):
+            mine, theirs = seeded_rng(*key), np.random.default_rng(list(key))
+            assert mine.random(5).tolist() == theirs.random(5).tolist()
+            assert mine.integers(0, 10**6, 7).tolist() == theirs.integers(0, 10**6, 7).tolist()
