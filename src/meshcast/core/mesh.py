@@ -60,7 +60,6 @@ class Mesh:
         self._devices: tuple[int, ...] = tuple(flat)
         self._shape: tuple[int, ...] = tuple(int(s) for s in array.shape)
         self._index: dict[int, int] | None = None
-        self._hash = hash((self._shape, self._devices))  # ints only: the same in every process
 
     @classmethod
     def from_range(cls, start: int, shape: int | Sequence[int]) -> Mesh:
@@ -134,7 +133,11 @@ class Mesh:
         )
 
     def __hash__(self) -> int:
-        return self._hash
+        try:  # kept after the first call (of integers only: the same in every process)
+            return self._hash
+        except AttributeError:  # not computed yet (or a mesh pickled before it was kept)
+            self._hash: int = hash((self._shape, self._devices))
+            return self._hash
 
     def notation(self) -> str:
         """Short form ``2x4@8`` when the ranks are consecutive, else the list of ranks."""

@@ -262,12 +262,15 @@ class Topology:
         """:meth:`covers` for the ranks of ``meshes`` (:class:`~meshcast.Mesh`), remembering the
         meshes found covered (so a repeated planning call checks nothing again)."""
         meshes = tuple(meshes)
-        if all(m in self._covered for m in meshes):
+        covered = self.__dict__.get("_covered")
+        if covered is None:  # a topology pickled before it kept them
+            object.__setattr__(self, "_covered", covered := set())
+        if all(m in covered for m in meshes):
             return
         self.covers({r for m in meshes for r in m})
-        if len(self._covered) > 256:
-            self._covered.clear()
-        self._covered.update(meshes)
+        if len(covered) > 256:
+            covered.clear()
+        covered.update(meshes)
 
     def to_json(self) -> dict[str, Any]:
         """Plain-data form."""

@@ -77,16 +77,13 @@ def pair_index(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
 
 def host_joins(keys: np.ndarray, n_dst: int, held_host: np.ndarray, host: np.ndarray,
                tile: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each entry ``e`` (a destination tile ``tile[e]`` needed on host ``host[e]``; -1: none)
-    and each source tile ``s`` held on that host (``held_host``: source tile x host, bool) that
-    forms a pair ``(s, tile[e])`` in ``keys`` (sorted ``s * n_dst + t``): ``e`` and the pair's
-    position, flat. Work in the entries times the tiles held per host, no tile x tile matrix."""
+    """For each entry ``e`` (a destination tile ``tile[e]`` needed on host ``host[e]``) and each
+    source tile ``s`` held on that host (``held_host``: source tile x host, bool) that forms a
+    pair ``(s, tile[e])`` in ``keys`` (sorted ``s * n_dst + t``): ``e`` and the pair's position,
+    flat. Work in the entries times the tiles held per host, no tile x tile matrix."""
     hs_host, hs_tile = np.nonzero(held_host.T)  # by host, then tile
     first = np.searchsorted(hs_host, np.arange(held_host.shape[1] + 1))
-    who = np.flatnonzero(tile >= 0)
-    lo = first[host[who]]
-    at, held = concat_ranges(lo, first[host[who] + 1] - lo)
-    entry = who[at]
+    entry, held = concat_ranges(first[host], first[host + 1] - first[host])
     pair = pair_index(keys, hs_tile[held] * n_dst + tile[entry])
     hit = pair >= 0
     return entry[hit], pair[hit]
@@ -240,7 +237,7 @@ PAIR_CHUNK = 1 << 20
 """Tile pairs per pass of :func:`host_bound`'s receiving term (its temporaries stay small)."""
 
 
-def _receiving(topology: Topology, per_rank: RankTiles, s: np.ndarray, t: np.ndarray,
+def _host_receiving(topology: Topology, per_rank: RankTiles, s: np.ndarray, t: np.ndarray,
                nbytes: np.ndarray, held_host: np.ndarray, wanted_host: np.ndarray) -> np.ndarray:
     """Per host, the rank time its ranks must spend receiving (module doc: k ranks of host h
     lack a slice), over one entry per (pair, host that needs its destination tile)."""
@@ -290,7 +287,7 @@ def host_bound(
         return 0.0
     lat = topology.latency_us * 1e-6
     size = np.array([len(r) for r in topology.hosts], dtype=float)
-    busy = _receiving(topology, per_rank, s, t, nbytes, held_host, wanted_host)
+    busy = _host_receiving(topology, per_rank, s, t, nbytes, held_host, wanted_host)
     best = float((busy / size).max(initial=0.0))
     # sending: slices held on one host alone that some other host needs
     alone = (held_host.sum(axis=1) == 1)[s]
