@@ -1,4 +1,4 @@
-"""``meshcast.core.indexing`` and the rank codes of ``planning.exact_rounds``: the same arrays as
+"""``meshcast.core.indexing`` and ``planning.exact_rounds.by_round``: the same arrays as
 the numpy routines they stand for, through the table where keys are small and by sorting or
 binary search where they are not."""
 
@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshcast.core.indexing import concat_ranges, unique_inverse, unique_rows
-from meshcast.planning.exact_rounds import by_round, rank_coder
+from meshcast.core.indexing import concat_ranges, position_coder, unique_inverse, unique_rows
+from meshcast.planning.exact_rounds import by_round
 
 keys = st.lists(st.integers(0, 60), max_size=40) | st.lists(st.integers(0, 10**12), max_size=40)
 
@@ -45,10 +45,10 @@ def test_concat_ranges(ranges):
     assert flat.tolist() == [x for a, c in ranges for x in range(a, a + c)]
 
 
-def test_rank_coder_by_table_and_by_search():
+def test_position_coder_by_table_and_by_search():
     for ranks in ([0, 3, 4, 9], [5, 10**9, 10**12]):  # small ids: a table; huge: a search
         r = np.array(ranks, dtype=np.int64)
-        assert rank_coder(r)(r[::-1]).tolist() == list(range(len(ranks)))[::-1]
+        assert position_coder(r)(r[::-1]).tolist() == list(range(len(ranks)))[::-1]
 
 
 def test_by_round_skips_empty_rounds():

@@ -3,13 +3,19 @@ range allows (numpy's general routines sort)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-__all__ = ["concat_ranges", "unique_inverse", "unique_rows"]
+__all__ = ["concat_ranges", "position_coder", "unique_inverse", "unique_rows"]
 
 TABLE_FACTOR = 4
 """A lookup table is used when the keys' range is at most this many times their count (plus a
 small constant): then building it costs no more than a few passes over the keys."""
+
+
+def _table_fits(top: int, count: int) -> bool:
+    return top <= TABLE_FACTOR * count + 4096
 
 
 def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -19,13 +25,24 @@ def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     (16.8 M keys: about 0.3 s against 1.5 s)."""
     keys = np.asarray(keys, dtype=np.int64).ravel()
     top = int(keys.max()) + 1 if len(keys) else 0
-    if (len(keys) and keys.min() < 0) or top > TABLE_FACTOR * len(keys) + 4096:
+    if (len(keys) and keys.min() < 0) or not _table_fits(top, len(keys)):
         distinct, inverse = np.unique(keys, return_inverse=True)
         return distinct, inverse.ravel().astype(np.int64, copy=False)
     present = np.zeros(top, dtype=bool)
     present[keys] = True
     code = np.cumsum(present, dtype=np.int64) - 1
     return np.flatnonzero(present), code[keys]
+
+
+def position_coder(distinct: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Keys (among the sorted distinct non-negative ``distinct``) to their positions in it:
+    through a table where the keys' range is small enough, else a binary search."""
+    top = int(distinct[-1]) + 1 if len(distinct) else 0
+    if _table_fits(top, len(distinct)):
+        table = np.zeros(top, dtype=np.int64)
+        table[distinct] = np.arange(len(distinct))
+        return table.__getitem__
+    return lambda keys: np.searchsorted(distinct, keys)
 
 
 def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

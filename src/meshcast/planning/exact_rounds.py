@@ -13,31 +13,21 @@ iterable), so that a plan of millions of operations costs memory in one round.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from ..core.indexing import TABLE_FACTOR
+from ..core.indexing import position_coder
 from ..core.topology import Topology
 from .items import Nets
 
-__all__ = ["Round", "by_round", "rank_coder", "rounds_end", "sends_rounds_time"]
+__all__ = ["Round", "by_round", "rounds_end", "sends_rounds_time"]
 
 Round = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 """One round: the ranks of its operations (positions among the plan's sorted ranks, from
-:func:`rank_coder`; one row per operation when the third item is None, else flat, operation
-``i`` with ``counts[i]`` of them), each operation's seconds of transfer, and ``counts``."""
-
-
-def rank_coder(ranks: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """Rank ids (among the sorted distinct ``ranks``) to their positions: through a table where
-    the ids are small, else a binary search."""
-    top = int(ranks[-1]) + 1 if len(ranks) else 0
-    if top <= TABLE_FACTOR * len(ranks) + 4096:
-        table = np.zeros(top, dtype=np.int64)
-        table[ranks] = np.arange(len(ranks))
-        return table.__getitem__
-    return lambda ids: np.searchsorted(ranks, ids)
+:func:`~meshcast.core.indexing.position_coder`; one row per operation when the third item is
+None, else flat, operation ``i`` with ``counts[i]`` of them), each operation's seconds of
+transfer, and ``counts``."""
 
 
 def rounds_end(topology: Topology, copy_end: dict[int, float], ranks: np.ndarray,
@@ -83,7 +73,7 @@ def sends_rounds_time(
     nic_of = np.array([nets.nic[r] for r in ranks.tolist()], dtype=np.int64)
     host_of = np.array([nets.host_of[r] for r in ranks.tolist()], dtype=np.int64)
     out_bw, in_bw = np.array(nets.out_bw), np.array(nets.in_bw)
-    code = rank_coder(ranks)
+    code = position_coder(ranks)
 
     def timed() -> Iterator[Round]:
         for snd, rcv, nbytes in rounds:

@@ -16,12 +16,13 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core.boxes import Box, box_size
+from ..core.indexing import position_coder
 from ..core.ops import Broadcast, Copy, Op, Send, broadcast_chain
 from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from .dispatch import first_fit_rounds
-from .exact_rounds import by_round, rank_coder, rounds_end, sends_rounds_time
+from .exact_rounds import by_round, rounds_end, sends_rounds_time
 from .items import Nets
 from .phased import bipartite_components, phased_sends
 
@@ -207,7 +208,7 @@ def _exact_time(
     order = order_a.tolist()
     dur = nbytes / np.array([_op_rate(ops[j], topology, nets) for j in order])
     ranks = np.array(sorted(topology.hosts_by_rank), dtype=np.int64)
-    flat = rank_coder(ranks)(np.fromiter(
+    flat = position_coder(ranks)(np.fromiter(
         itertools.chain.from_iterable((senders[j], *remotes[j]) for j in order),
         dtype=np.int64,
     ))

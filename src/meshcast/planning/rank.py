@@ -96,23 +96,24 @@ def _certified(task: ReshardTask, topology: Topology, fam: RegularFamily) -> boo
 
     exact = sends_rounds_time(topology, {}, rounds())
     return any(exact <= bound() * (1 + CERTIFY_TOL) for bound in (
-        lambda: _receiver_bound(task, topology, fam),
+        lambda: _receiver_bound(task, topology, fam, sizes),
         lambda: lower_bound_details(task, topology).unmargined_s))
 
 
-def _receiver_bound(task: ReshardTask, topology: Topology, fam: RegularFamily) -> float:
+def _receiver_bound(task: ReshardTask, topology: Topology, fam: RegularFamily,
+                    nbytes: np.ndarray) -> float:
     """The lower bound's per-rank term (:func:`~meshcast.estimate.rank_bounds.receiving_times`)
-    of the receiver of the largest destination tile, from that tile's pairs alone: the same
-    number the whole bound computes for it, so never above the whole bound, and a certificate
-    that holds against it holds against the whole bound (which is computed only otherwise)."""
+    of the receiver of the largest destination tile, from that tile's pairs alone (``nbytes``:
+    each unit slice's bytes): the same number the whole bound computes for it, so never above
+    the whole bound, and a certificate that holds against it holds against the whole bound
+    (which is computed only otherwise)."""
     dec = task.decomposition
-    sizes = dec.sizes()
-    t = int(np.argmax(np.bincount(dec.dst_tile, sizes, minlength=fam.pair.shape[1])))
+    t = int(np.argmax(np.bincount(dec.dst_tile, nbytes, minlength=fam.pair.shape[1])))
     per_rank = rank_tiles(task, topology)
     held = host_matrix(dec.holders_of_tile, topology.hosts_by_rank, topology.num_hosts)
     s = np.arange(fam.pair.shape[0])
-    nbytes = (sizes[fam.pair[:, t]] * task.itemsize).astype(np.float64)
-    times = receiving_times(topology, per_rank, s, np.full_like(s, t), nbytes, held)
+    pair_bytes = nbytes[fam.pair[:, t]].astype(np.float64)
+    times = receiving_times(topology, per_rank, s, np.full_like(s, t), pair_bytes, held)
     return float(times[per_rank.wanted_rank[per_rank.wanted_tile == t]].max())
 
 
