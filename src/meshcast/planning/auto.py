@@ -2,7 +2,7 @@
 
 Candidates: the plans of our own method (:mod:`.items`: senders from the outbound LP of the
 lower bound, optional striping and chunking, per-slice broadcast or point-to-point) in every
-order of :data:`~meshcast.planning.dispatch.ORDERS` plus seeded non-delay trials (on classes
+order of :data:`~meshcast.planning.dispatch.ORDERS` plus seeded dispatch trials (on classes
 of slices with equal holders and receivers, :mod:`.classes`), the
 vectorised plans of :mod:`.large`, and every fixed strategy x balance plan (so ``"auto"`` is
 never slower than any of them, up to float rounding); the fastest is then improved by a seeded

@@ -76,8 +76,8 @@ AUTO_SEARCH_BUDGET = 60_000
 """Operations all the local search's simulations may run together (steps x plan length). Set
 once, equal to :data:`ORDER_NODE_BUDGET`; not derived."""
 AUTO_TRIALS = 16
-"""Seeded non-delay dispatch trials (perturbed priorities) per sender choice of ``"auto"``. Set
-once (docs/scheduling.md, step 6); not derived."""
+"""Seeded dispatch trials (perturbed priorities; non-delay, every fourth fair-share) per sender
+choice of ``"auto"``. Set once (docs/scheduling.md, step 6); not derived."""
 AUTO_TRIAL_BUDGET = 30_000
 """Items all those trials may schedule together (so each trial's simulation stays bounded). Set
 once; not derived."""

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ..core.ops import Op
+from .fair_share import fair_share_dispatch
 from .items import Item
 
 __all__ = ["ORDERS", "busiest_resource_work", "dispatch", "first_fit_rounds", "order_items"]
@@ -23,13 +24,15 @@ ORDERS = (
     "earliest_start",
     "nondelay",
     "rank_nic_rounds",
+    "fair_share",
 )
 """The orders :func:`order_items` knows: ``"rank_rounds"`` colours items into rounds in which
 no rank appears twice (largest first) and lists the rounds in turn; ``"rank_nic_rounds"`` the
 same with no NIC direction twice either; ``"busiest_nic_first"`` and ``"longest_first"`` place
 items greedily at the time their ranks and NICs are free, items on the most loaded NIC first or
 longest first, and list them by start; ``"earliest_start"`` and ``"nondelay"`` are the two
-:func:`dispatch` models."""
+:func:`dispatch` models; ``"fair_share"`` runs the items forward with NICs shared fairly
+(:func:`~meshcast.planning.fair_share.fair_share_dispatch`)."""
 
 
 def first_fit_rounds(resources: Sequence[Iterable[int]], visit: Iterable[int]) -> list[int]:
@@ -71,6 +74,8 @@ def order_items(items: list[Item], order: str, lat: float = 0.0) -> list[Op]:
         return dispatch(items, lat, queue_on_nic=False)
     if order == "nondelay":
         return dispatch(items, lat, queue_on_nic=True)
+    if order == "fair_share":
+        return fair_share_dispatch(items, lat)
     if order == "rank_nic_rounds":
         # ranks as themselves, NIC directions as negative numbers: one space of resources
         return _in_rounds(items, [(*it.ranks, *(-1 - k for k in it.nics)) for it in items])

@@ -23,9 +23,6 @@ __all__ = ["Item", "Nets", "OwnItems", "own_items"]
 STRIPE_SHARE = 4
 """A slice is striped over its holders' NICs when it is larger than 1/4 of a source NIC's fair
 share of all outbound bytes (docs/scheduling.md, step 3): smaller ones are not worth a cut."""
-STRIPE_MIN_WEIGHT = 16
-"""A holder host whose LP weight is at most 1/16 of the slice's total sends no stripe of it:
-the part would be too small to pay its start-up. Set once; not derived."""
 CHUNK_LATENCIES = 64
 """Chunks are at least this many start-ups' worth of bytes at the slowest NIC (so a chunk's
 latency costs at most 1/64 of its transfer), and at least 1/8 of the bound's bytes per NIC."""
@@ -48,6 +45,7 @@ class Nets:
         self.out_load = [0.0] * len(host_of_nic)
         self.in_load = [0.0] * len(host_of_nic)
         self.rank_load: dict[int, float] = {}
+        self.rank_busy: dict[int, float] = {}  # seconds of items per rank (start-ups included)
         self.lat = topology.latency_us * 1e-6
         self.intra = topology.intra_gbps * GBIT
 
@@ -125,6 +123,7 @@ def _broadcast_item(nets: Nets, sender: int, dsts: list[int], box: Box, nbytes: 
                 nets.out_load[k >> 1] += nbytes / rate
         for r in (sender, *ordered):
             nets.rank_load[r] = nets.rank_load.get(r, 0.0) + nbytes
+            nets.rank_busy[r] = nets.rank_busy.get(r, 0.0) + dur
     op: Op = (
         Send(sender, ordered[0], box)
         if len(ordered) == 1
@@ -192,7 +191,7 @@ class _OwnItems:
                 self._push(_least_loaded_holder(sl.holders, h, nets), group, sl.box, sl.nbytes)
             return
         q = self.quota.get(tuple(sorted(holder_hosts)), {})
-        units = self._senders(sl, holder_hosts, q)
+        units = self._senders(sl, holder_hosts, foreign, q)
         if len(units) > 1:
             boxes = _split_weighted(sl.box, [w for _, w in units])
             parts = [(s, b) for (s, _), b in zip(units, boxes) if b is not None]
@@ -201,32 +200,51 @@ class _OwnItems:
         for snd, box in parts:
             self._part(sl, snd, box, foreign, q)
 
-    def _senders(self, sl: SliceInfo, holder_hosts: tuple[int, ...],
+    def _senders(self, sl: SliceInfo, holder_hosts: tuple[int, ...], foreign: list[int],
                  q: dict[int, float]) -> list[tuple[int, float]]:
-        """(sender rank, weight) per stripe: over holder NICs by LP quota when striping pays,
-        else one sender on the host with the largest quota left."""
-        nets, host_of, nic = self.nets, self.nets.host_of, self.nets.nic
+        """(sender rank, weight) per stripe: :meth:`_striped` when striping may pay, else (or
+        where one stripe is best) one sender on the host with the largest LP quota left."""
+        nets, nic = self.nets, self.nets.nic
         units: list[tuple[int, float]] = []
         if self.stripe and sl.nbytes > self.fair_share / STRIPE_SHARE and (
             len(holder_hosts) > 1 or len({nic[r] for r in sl.holders}) > 1
         ):
-            weights = {h: max(q.get(h, 0.0), 0.0) for h in holder_hosts}
-            if sum(weights.values()) <= 0:
-                weights = {h: 1.0 for h in holder_hosts}
-            for h, w in weights.items():
-                if w <= sum(weights.values()) / STRIPE_MIN_WEIGHT:
-                    continue
-                nics_h = list(dict.fromkeys(nic[r] for r in sl.holders if host_of[r] == h))
-                for k in nics_h:
-                    ranks_k = [r for r in sl.holders if nic[r] == k]
-                    snd = min(ranks_k, key=lambda r: (nets.rank_load.get(r, 0.0), ranks_k.index(r)))
-                    units.append((snd, w / len(nics_h)))
+            units = self._striped(sl, foreign)
             self.striped = self.striped or len(units) > 1
         if len(units) < 2:
             h = max(holder_hosts,
                     key=lambda x: (q.get(x, 0.0), -_host_out(nets, x, self.topology), -x))
             units = [(_least_loaded_holder(sl.holders, h, nets), 1.0)]
         return units
+
+    def _striped(self, sl: SliceInfo, foreign: list[int]) -> list[tuple[int, float]]:
+        """(sender rank, bytes) per stripe of ``sl``: its bytes water-filled over the holder NICs
+        that have sent least (each NIC's least busy holder sends), over as many NICs as make the
+        slice done soonest by the estimate ``max(level + lat, busiest foreign receiver + k * lat
+        + bytes at its inbound NIC)``: ``level`` the senders' NIC seconds once they carry their
+        stripes, ``k`` the stripes (each a start-up for every receiver). So a slice goes whole
+        where the receivers' start-ups cost more than the senders' imbalance, and is cut where
+        one holder NIC would carry more than its share (e.g. 7 slices from 5 holder hosts: five
+        go whole, the last two in two stripes each)."""
+        nets, nic, lat = self.nets, self.nets.nic, self.nets.lat
+        units = []  # (NIC seconds so far, bytes/s, sender, position)
+        for k in dict.fromkeys(nic[r] for r in sl.holders):
+            on_k = [r for r in sl.holders if nic[r] == k]
+            snd = min(on_k, key=lambda r: (nets.rank_busy.get(r, 0.0), on_k.index(r)))
+            units.append((nets.out_load[k], nets.out_bw[k], snd, len(units)))
+        units.sort()
+        receivers = max(nets.rank_busy.get(r, 0.0) + sl.nbytes / nets.in_bw[nic[r]]
+                        for r in foreign)
+        best: tuple[float, list[tuple[int, float]]] = (math.inf, [])
+        for k in range(1, len(units) + 1):
+            head = units[:k]
+            level = (sl.nbytes + sum(o * bw for o, bw, _, _ in head)) / sum(u[1] for u in head)
+            if level < head[-1][0]:  # the k-th NIC would carry nothing
+                break
+            done = max(level + lat, receivers + k * lat)
+            if done < best[0]:
+                best = (done, [(snd, (level - o) * bw) for o, bw, snd, _ in head])
+        return [(snd, w) for snd, w in best[1] if w > 0]
 
     def _part(self, sl: SliceInfo, snd: int, box: Box, foreign: list[int],
               q: dict[int, float]) -> None:

@@ -1,6 +1,6 @@
 """The plans of ``"auto"``'s own method (:mod:`meshcast.planning.auto`), in stages: the
 variants of :data:`OWN_VARIANTS` (senders from :mod:`.items`, an order from :mod:`.dispatch`),
-then seeded non-delay trials, on classes of slices with equal holders and receivers
+then seeded dispatch trials, on classes of slices with equal holders and receivers
 (:mod:`.classes`). Pure: seeded, bounded by counts.
 """
 
@@ -15,14 +15,15 @@ from ..estimate.lower_bound import LowerBound
 from .budgets import AUTO_TRIAL_BUDGET, AUTO_TRIALS, SEED, seeded_rng
 from .classes import SliceClasses
 from .dispatch import busiest_resource_work, dispatch, order_items
+from .fair_share import fair_share_dispatch
 from .items import Item, OwnItems, own_items
 
 __all__ = ["OWN_VARIANTS", "TRIALS_PER_STAGE", "Candidate", "OwnMethod"]
 
 OWN_VARIANTS: tuple[tuple[bool, bool, str], ...] = tuple(
     (stripe, chunk, order)
-    for order in ("rank_rounds", "busiest_nic_first", "longest_first", "earliest_start",
-                  "nondelay", "rank_nic_rounds")
+    for order in ("rank_rounds", "busiest_nic_first", "longest_first",
+                  "earliest_start", "nondelay", "rank_nic_rounds", "fair_share")
     for stripe, chunk in ((True, False), (True, True), (False, False))
 )
 """(stripe, chunk, order) of the plans of our own method that ``"auto"`` tries, in this order
@@ -102,7 +103,8 @@ class OwnMethod:
         return built.items, "auto" if built.used_p2p else "broadcast"
 
     def trial_stages(self) -> list[Callable[[], list[Candidate]]]:
-        """Seeded non-delay trials with perturbed priorities, within a budget of items (none
+        """Seeded trials with perturbed priorities (non-delay :func:`~.dispatch.dispatch`; trials
+        1, 5, 9, ... :func:`~.fair_share.fair_share_dispatch`), within a budget of items (none
         above ``sim_limit`` transfers), in stages of :data:`TRIALS_PER_STAGE`, on the item
         variants that :meth:`variant_stages` built (they run first)."""
         if not self.within:
@@ -124,6 +126,9 @@ class OwnMethod:
         out: list[Candidate] = []
         for k in range(first, min(first + TRIALS_PER_STAGE, trials)):
             rng = seeded_rng(SEED, c, k)
-            ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng, crit=self.crit[c])
+            if k % 4 == 1:
+                ops = fair_share_dispatch(items, self.lat, rng)
+            else:
+                ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng, crit=self.crit[c])
             out.append(self._candidate((1, c, k), label, ops, self.classes.expand(ops)))
         return out
