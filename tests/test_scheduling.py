@@ -354,7 +354,7 @@ def test_auto_above_sim_limit_certified_optimal():
 @pytest.mark.parametrize("number, preset", [(4, "p3.8xlarge"), (3, "h100x8")])
 def test_auto_above_sim_limit_falls_back_to_simulation(number, preset):
     """Above the limit (lowered here so the case stays small) and not certified (NICs shared on
-    p3.8xlarge; on h100x8 a large plan 3.3x the bound): the large plan and the nine fixed
+    p3.8xlarge; on h100x8 a large plan 2.4x the bound): the large plan and the nine fixed
     combinations are simulated and the fastest is kept."""
     task = PAPER_CASES[number - 1].task("int32", scale=64)
     topo = mc.Topology.preset(preset, 4)

@@ -1,43 +1,48 @@
 """The physical limit of one resharding task on a topology (PAPER.md section 6).
 
 * Inbound: every unit slice that some device of host h needs and no device of h holds must enter
-  h at least once: ``time >= in_bytes(h) / B_in(h)`` (``B_in`` = all NICs of h together).
+  h at least once: ``time >= in_bytes(h) / B_in(h)`` (``B_in`` = the NICs of h that serve its
+  destination ranks together: bytes enter a host only through a receiver's NIC).
 * Outbound: every such slice must leave at least one of its holder hosts. The best split of each
   slice's bytes among its holder hosts is a small linear programme (solved with scipy's HiGHS):
-  minimise T subject to ``sum of bytes host h sends <= T * B_out(h)``.
+  minimise T subject to ``sum of bytes host h sends <= T * B_out(h)`` (``B_out`` = the NICs of h
+  that serve ranks of the task).
 * Nothing moves before the first operation has paid its start-up latency, so the bound adds
   ``latency_us`` once when any byte must cross hosts.
 * Per rank (latency): an operation carries data of one unit slice at most (its box lies in one
   source shard and in the destination shard of every receiver), and a rank runs its operations one
   after another, each paying ``latency_us``. So a receiver pays at least ``latency + bytes /
-  fastest link`` for each unit slice it lacks, and ``latency + min(bytes / NIC, latency)`` for one
-  no rank of its host holds: the first operation that brings it such bytes crosses the NIC (an
-  intra-host sender is a holder, and an AllGather member contributes a non-empty part it must
-  have received before), so either that one operation brings it all (waiting for the bytes at
-  one NIC's rate) or it takes part in two. On the sending side, the k holders of a source tile
-  (they hold no other tile) run at least one operation per slice of it that must move (n in all),
+  fastest link`` for each unit slice it lacks, and ``latency + min(bytes / NIC, latency + bytes /
+  fastest link)`` for one no rank of its host holds: the first operation that brings it such
+  bytes crosses the NIC (an intra-host sender is a holder, and an AllGather member contributes a
+  non-empty part it must have received before), so either that one operation brings it all
+  (waiting for the bytes at one NIC's rate) or it takes part in two. On the sending side, the k
+  holders of a source tile (they hold no other tile) run at least one operation per slice of it
+  that must move (n in all),
   each paying ``latency`` and carrying at most one slice, at most at the fastest link (one NIC's
   rate for a slice none of whose receivers sits on a holder host): the least time in which k
   holders can do that, counting operations in whole numbers, is
   :func:`~meshcast.estimate.rank_bounds.holders_bound` (e.g. 7 slices of 15 us from 5 holders
   with 30 us start-ups: two operations on every holder, 81 us, where spreading the start-ups
   evenly gave 63 us). These terms matter for small tensors cut into many small slices.
-* Per host (rank time): the ranks of host h are busy at most ``|ranks of h| * T`` together. A
-  slice that k ranks of h lack costs them at least ``k*lat + tr + (k-1) * min(tr, lat)`` if no
-  rank of h holds it (``tr`` = bytes over one inbound NIC of h; by the per-rank argument each
-  receiver waits for the whole transfer or pays a second latency, and the bytes cross once at
-  least) and ``k*lat + min(k*tr, lat)`` if one does (an intra-host operation pays one more
-  latency). A slice held on h alone and needed elsewhere costs the ranks of h
-  ``lat + bytes / B_out``. Proof in ``docs/scheduling.md``; it needs every operation to carry
+* Per host (rank time): the task's ranks on host h (no other rank takes part in an operation)
+  are busy at most ``|ranks of h| * T`` together. A slice that k ranks of h lack costs them at
+  least ``k*lat + tr + (k-1) * min(tr, lat + bytes / fastest link)`` if no rank of h holds it
+  (``tr`` = bytes over one inbound NIC of h; by the per-rank argument each receiver waits for
+  the whole transfer or pays a second latency and takes the bytes at the fastest link at most,
+  and the bytes cross once at least) and ``k*lat + min(k*tr, lat)`` if one does (an intra-host
+  operation pays one more latency). A slice held on h alone and needed elsewhere costs the ranks
+  of h ``lat + bytes / B_out``. Proof in ``docs/scheduling.md``; it needs every operation to carry
   data of one unit slice at most and every AllGather part to be non-empty, which every plan of
   :func:`meshcast.plan` satisfies (:func:`meshcast.simulate` refuses empty parts).
 
-The bound holds for every plan the simulator can run; ``efficiency = lower_bound / time``.
+The bound holds for every plan that passes the plan check (:func:`meshcast.check_plan`) and
+that the simulator can run; ``efficiency = lower_bound / time``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +63,7 @@ __all__ = [
     "joint_lower_bound",
     "lower_bound",
     "lower_bound_details",
+    "nics_serving",
 ]
 
 
@@ -109,9 +115,21 @@ def host_matrix(tiles: list[tuple[int, ...]], host_of: dict[int, int], n_hosts: 
     return out
 
 
-def inbound_seconds(host_in: np.ndarray, topology: Topology) -> float:
-    """The inbound bound: the busiest host's bytes in (``host_in[h]``) over all its NICs."""
-    b_in = np.array(topology.nic_in_gbps) * np.array(topology.nics_per_host) * GBIT
+def nics_serving(topology: Topology, ranks: Iterable[int]) -> np.ndarray:
+    """Per host, how many of its NICs serve at least one of ``ranks`` (at least one): bytes
+    enter a host only through the NICs of ranks that receive (destination ranks: receivers and
+    the leaders of broadcast chains) and leave it only through those of ranks that send or
+    forward (the task's ranks); a NIC that serves none of them carries nothing of the task."""
+    nic_of, host_of_nic = topology.global_nics()
+    used = np.zeros(len(host_of_nic), dtype=bool)
+    used[[nic_of[r] for r in ranks]] = True
+    return np.maximum(np.bincount(host_of_nic, weights=used, minlength=topology.num_hosts), 1)
+
+
+def inbound_seconds(host_in: np.ndarray, topology: Topology, receivers: Iterable[int]) -> float:
+    """The inbound bound: the busiest host's bytes in (``host_in[h]``) over its NICs that serve
+    some of ``receivers`` (the destination ranks)."""
+    b_in = np.array(topology.nic_in_gbps) * nics_serving(topology, receivers) * GBIT
     return float((host_in / b_in).max())
 
 
@@ -121,11 +139,13 @@ def joint_lower_bound(tasks: Sequence[ReshardTask], topology: Topology) -> float
     any bytes cross hosts, and no less than any one task's :func:`lower_bound`."""
     host_in = np.zeros(topology.num_hosts)
     single = 0.0
+    receivers: set[int] = set()
     for t in tasks:
         d = lower_bound_details(t, topology)
         host_in += d.host_in_bytes
         single = max(single, d.seconds)
-    inbound = inbound_seconds(host_in, topology) if host_in.any() else 0.0
+        receivers.update(t.dst.mesh.devices)
+    inbound = inbound_seconds(host_in, topology, receivers) if host_in.any() else 0.0
     return max(inbound + (topology.latency_us * 1e-6 if inbound > 0 else 0.0), single)
 
 
@@ -151,8 +171,10 @@ def lower_bound_details(task: ReshardTask, topology: Topology | None = None) -> 
                - np.bincount(w_host[j_entry], nbytes[j_pair], n_hosts))
     common = np.bincount(j_pair, minlength=len(pairs))  # hosts that need and hold each pair
     need_any = wanted.sum(axis=1)[t] - common > 0  # some host needs it
-    b_out = np.array(topology.nic_out_gbps) * np.array(topology.nics_per_host) * GBIT
-    inbound = inbound_seconds(host_in, topology) if n_hosts else 0.0
+    dst_ranks = task.dst.mesh.devices
+    b_out = (np.array(topology.nic_out_gbps) * GBIT
+             * nics_serving(topology, (*task.src.mesh.devices, *dst_ranks)))
+    inbound = inbound_seconds(host_in, topology, dst_ranks) if n_hosts else 0.0
     # outbound: bytes of each source tile that must leave, grouped by holder-host set (exact
     # int64 sums of disjoint parts of the tensor, which has at most 2^63 - 1 bytes)
     leave = _sum_by(s, np.where(need_any, exact, 0), len(held))

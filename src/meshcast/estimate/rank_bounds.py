@@ -134,17 +134,19 @@ def receiving_times(
     b_recv = wanted_bytes - np.bincount(j_rank, nbytes[j_pair], minlength=n_ranks)
     # a slice no rank of the receiver's host holds reaches it either in one operation that crosses
     # into the host (lat + bytes over one inbound NIC) or in two or more (an AllGather member
-    # contributes a part it received before): lat + min(bytes / NIC, lat), not bytes / fastest
+    # contributes a part it received before), each byte at the fastest link at most:
+    # lat + min(bytes / NIC, lat + bytes / fastest), not bytes / fastest
     nic_in = np.array(topology.nic_in_gbps, dtype=float)[per_rank.host] * GBIT
     e, e_pair = host_joins(keys, n_dst, held_host, per_rank.host[w_rank], w_tile)
     off_bytes = wanted_bytes - np.bincount(w_rank[e], nbytes[e_pair], minlength=n_ranks)
     off_cost = np.zeros(n_ranks)
+    fastest = _fastest(topology)
     for rate in np.unique(nic_in).tolist():
         on = nic_in == rate
-        extra = np.minimum(nbytes / rate, lat)
+        extra = np.minimum(nbytes / rate, lat + nbytes / fastest)
         held_extra = np.bincount(w_rank[e], extra[e_pair], minlength=n_ranks)
         off_cost[on] = (per_rank_sum(np.bincount(t, extra, minlength=n_dst)) - held_extra)[on]
-    return n_recv * lat + np.maximum(b_recv - off_bytes, 0.0) / _fastest(topology) + off_cost
+    return n_recv * lat + np.maximum(b_recv - off_bytes, 0.0) / fastest + off_cost
 
 
 def rank_bound(
@@ -253,6 +255,7 @@ def _host_receiving(topology: Topology, per_rank: RankTiles, s: np.ndarray, t: n
     j_rank, j_pair = _held_by_receivers(per_rank, s * n_dst + t)
     have, n_have = np.unique(j_pair * n_hosts + host_of[j_rank], return_counts=True)
     nic_in = np.array(topology.nic_in_gbps, dtype=float) * GBIT
+    fastest = _fastest(topology)
     busy = np.zeros(n_hosts)
     for a in range(0, len(s), PAIR_CHUNK):
         item, entry = concat_ranges(e_first[t[a : a + PAIR_CHUNK]], width[t[a : a + PAIR_CHUNK]])
@@ -264,7 +267,7 @@ def _host_receiving(topology: Topology, per_rank: RankTiles, s: np.ndarray, t: n
         recv = np.where(
             held_host[s[pair], host],
             k * lat + np.minimum(k * tr, lat),
-            k * lat + tr + (k - 1) * np.minimum(tr, lat),
+            k * lat + tr + (k - 1) * np.minimum(tr, lat + nbytes[pair] / fastest),
         )
         busy += np.bincount(host, np.where(k > 0, recv, 0.0), minlength=n_hosts)
     return busy
@@ -286,7 +289,8 @@ def host_bound(
     if not len(s):
         return 0.0
     lat = topology.latency_us * 1e-6
-    size = np.array([len(r) for r in topology.hosts], dtype=float)
+    # the ranks of the task on each host: only they take part in operations
+    size = np.maximum(np.bincount(per_rank.host, minlength=held_host.shape[1]), 1).astype(float)
     busy = _host_receiving(topology, per_rank, s, t, nbytes, held_host, wanted_host)
     best = float((busy / size).max(initial=0.0))
     # sending: slices held on one host alone that some other host needs
