@@ -41,6 +41,7 @@ from .budgets import (
     seeded_rng,
 )
 from .classes import SliceClasses
+from .dispatch import phase_rounds
 from .fixed import STRATEGIES, fixed_plan
 from .floors import first_holder_floor, strategy_floors
 from .large import large_plan
@@ -145,7 +146,9 @@ class _FixedStage:
     every strategy whose floor (:func:`~meshcast.planning.floors.strategy_floors`) the best
     candidate so far does not beat (the three strategies build the same operations when every
     slice has one receiver to reach: then one stands for all; ``"size"`` builds ``"none"``'s
-    when every slice has one holder: then it is not built), and keeps those whose
+    when every slice has one holder: then it is not built), with the ``"none"`` and ``"size"``
+    plans of ``"allgather"`` also in :func:`~meshcast.planning.dispatch.phase_rounds` order
+    (their parts in rounds, then the re-joins), and keeps those whose
     :func:`meshcast.time_floor` is below the best so far (the others cannot be faster);
     :meth:`settled` says whether no fixed plan can be faster than the best so far."""
 
@@ -188,9 +191,13 @@ class _FixedStage:
                 if self._ruled_out_unbuilt(s, b, len(strategies) < len(self.strategies)):
                     continue
                 p = _fixed(self.task, self.topology, s, b, memo)
-                if self.pool.beats(time_floor(p, self.topology)):
-                    continue  # its quick floor shows it cannot be faster: not simulated
-                out.append(((3, k, j), s, b, p.ops, p.fallbacks))
+                plans = [((3, k, j), p)]
+                if s == "allgather" and b != "order":  # also its parts, then re-joins, in rounds
+                    plans.append(((3, k, j, 1), Plan(self.task, phase_rounds(p.ops), s, b,
+                                                     self.topology, p.fallbacks)))
+                for position, q in plans:
+                    if not self.pool.beats(time_floor(q, self.topology)):  # else not faster
+                        out.append((position, s, b, q.ops, q.fallbacks))
         self.built = True
         return out
 

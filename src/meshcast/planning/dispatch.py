@@ -11,11 +11,15 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..core.ops import Op
+from ..core.boxes import box_size
+from ..core.ops import AllGather, Copy, Op
 from .fair_share import fair_share_dispatch
 from .items import Item
 
-__all__ = ["ORDERS", "busiest_resource_work", "dispatch", "first_fit_rounds", "order_items"]
+__all__ = [
+    "ORDERS", "busiest_resource_work", "dispatch", "first_fit_rounds", "order_items",
+    "phase_rounds",
+]
 
 ORDERS = (
     "rank_rounds",
@@ -65,6 +69,27 @@ def _in_rounds(items: list[Item], resources: Sequence[Iterable[int]]) -> list[Op
         items[i].op
         for i in sorted(range(len(items)), key=lambda i: (slot[i], -items[i].dur, items[i].order))
     ]
+
+
+def phase_rounds(ops: Sequence[Op]) -> tuple[Op, ...]:
+    """``ops`` in three phases: the copies, then the sends and broadcasts, then the all-gathers
+    (so every all-gather follows the parts it re-joins), each phase coloured by
+    :func:`first_fit_rounds` over the operations' ranks (largest box first) and listed round by
+    round. For the ``"allgather"`` strategy on hosts with a NIC per GPU: the parts cross in
+    rank-disjoint rounds, each receiver taking its parts over its own NIC while the holders send
+    in parallel, and then the hosts re-join the slices inside (paper case 7 on two ``h100x8``
+    hosts: 1.09 x the bound, against 3.3 x in slice order)."""
+    out: list[Op] = []
+    for phase in (
+        [op for op in ops if isinstance(op, Copy)],
+        [op for op in ops if not isinstance(op, (Copy, AllGather))],
+        [op for op in ops if isinstance(op, AllGather)],
+    ):
+        size = [box_size(op.box) for op in phase]
+        slot = first_fit_rounds([op.ranks() for op in phase],
+                                sorted(range(len(phase)), key=lambda i: (-size[i], i)))
+        out += [phase[i] for i in sorted(range(len(phase)), key=lambda i: (slot[i], -size[i], i))]
+    return tuple(out)
 
 
 def order_items(items: list[Item], order: str, lat: float = 0.0) -> list[Op]:

@@ -5,7 +5,7 @@ The runtime starts an operation as soon as all its ranks have finished their pre
 transfers that meet on a NIC share it; neither the list schedules nor the dispatchers of
 :mod:`.dispatch` model that sharing (they hold a NIC for a whole transfer, or queue behind it),
 so where many transfers meet on few NICs their orders collide in ways they do not see (e.g. 8
-one-rank senders to 7 shared NICs: 1.65-1.87 x the lower bound; this order 1.18).
+one-rank senders to 7 shared NICs: 1.65-1.87 x the lower bound; this order 1.2).
 
 Here time advances event by event in a fluid model: a transfer on NIC directions ``nics`` moves
 at ``min(1 / count)`` of its full rate, ``count`` being the transfers on each direction now.
@@ -15,7 +15,8 @@ when its start-up ends, then the one whose busiest resource (rank or NIC directi
 most work left (with ``rng``: scaled by a random factor in [1, 1.5), for seeded trials). A rank
 with no such item waits for the next event. Every item is picked at the instant its last rank
 became free, so the runtime would start it at the same instant: the order keeps the timing the
-model saw, up to the model's rates (the plan's time is then the simulator's). Pure: seeded.
+model saw, up to the model's rates (``"auto"`` simulates the plan like any other candidate).
+Pure: seeded.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class _Fluid:
 
     def __init__(self, n: int, nics: list[tuple[int, ...]], work: list[float]) -> None:
         self.nics, self.work = nics, work
-        self.count: dict[int, int] = {}  # transfers on each NIC direction (start-up included)
+        self.count: dict[int, int] = {}  # moving transfers on each NIC direction
         self.on: dict[int, dict[int, None]] = {}  # the items on each NIC direction
         self.moving: dict[int, None] = {}  # items whose bytes move (start-up over)
         self.left = [0.0] * n  # work left at ``since``
@@ -154,7 +155,8 @@ def _pick(ready: list[int], fluid: _Fluid, at: float, ranks: list[tuple[int, ...
           nics: list[tuple[int, ...]], scale: list[float], left_rank: dict[int, float],
           left_nic: dict[int, float], items: list[Item]) -> int:
     """The item of ``ready`` whose busiest NIC direction carries the fewest transfers at ``at``,
-    then whose busiest resource has the most work left (scaled), then the first in order."""
+    then whose busiest resource has the most work left (scaled), then whose resources have the
+    most work left in all, then the first in order."""
     crowd: dict[int, int] = {}
     best, best_key = -1, (math.inf,)
     for i in ready:
