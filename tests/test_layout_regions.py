@@ -140,8 +140,8 @@ def test_classes_expand_in_passes_and_auto_searches_one_pass() -> None:
     from meshcast.core.plan import Plan
     from meshcast.core.task import iter_slices
     from meshcast.estimate.lower_bound import lower_bound_details
-    from meshcast.planning.auto import _search_in_passes
     from meshcast.planning.classes import SliceClasses
+    from meshcast.planning.local_search import search_in_passes
     from meshcast.planning.own import OwnMethod
 
     task = mc.ReshardTask((64, 16), "int32", mc.Layout.parse("2x4:S01[8]R"),
@@ -155,7 +155,7 @@ def test_classes_expand_in_passes_and_auto_searches_one_pass() -> None:
     kept, first = classes.first_pass(virtual)
     assert kept == list(range(len(virtual))) and expanded[: len(first)] == first
     assert len(expanded) == 8 * len(first)  # every class part covers its 8 boxes
-    searched = _search_in_passes(task, topology, classes, virtual, label)
+    searched = search_in_passes(task, topology, classes, virtual, label)
     assert sorted(map(repr, searched)) == sorted(map(repr, expanded))  # reordered only
     Plan(task, searched, label, "auto", topology).check()
 

@@ -28,28 +28,24 @@ from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound, lower_bound_details
-from ..estimate.simulate import OrderSimulator, simulated_time, time_floor
+from ..estimate.simulate import simulated_time, time_floor
 from .budgets import (
     AUTO_GOOD_ENOUGH,
-    AUTO_SEARCH_BUDGET,
     AUTO_SEARCH_GAP,
-    AUTO_SEARCH_STEPS,
     AUTO_SIM_LIMIT,
     CERTIFY_TOL,
     FLOOR_TOL,
-    SEED,
-    seeded_rng,
 )
-from .classes import SliceClasses
 from .dispatch import phase_rounds
 from .fixed import STRATEGIES, fixed_plan
 from .floors import first_holder_floor, strategy_floors
 from .large import large_plan
+from .local_search import local_search, search_in_passes
 from .order import order_floor, order_plan
 from .own import OWN_VARIANTS, Candidate, OwnMethod
 
 __all__ = [
-    "FIXED_BALANCES", "OWN_VARIANTS", "auto_plan", "collector_paused", "local_search",
+    "FIXED_BALANCES", "OWN_VARIANTS", "auto_plan", "collector_paused",
     "one_remote_receiver",
 ]
 
@@ -136,7 +132,7 @@ def _searched(pool: _Pool, own: OwnMethod | None) -> tuple[Plan, float] | None:
     if virtual is None:
         ops, t = local_search(task, topology, ops, label)
         return Plan(task, ops, label, "auto", topology, fallbacks), t
-    ops = _search_in_passes(task, topology, own.classes, virtual, label)
+    ops = search_in_passes(task, topology, own.classes, virtual, label)
     found = Plan(task, ops, label, "auto", topology, fallbacks)
     return found, simulated_time(found, topology)
 
@@ -352,54 +348,3 @@ def one_remote_receiver(task: ReshardTask) -> bool:
         sum(r not in holders[s] for r in dec.receivers_of_tile[t]) <= 1
         for s, t in zip((pairs // n_dst).tolist(), (pairs % n_dst).tolist())
     )
-
-
-def local_search(
-    task: ReshardTask, topology: Topology, ops: tuple[Op, ...], label: str
-) -> tuple[tuple[Op, ...], float]:
-    """Improve the order of ``ops`` (copies, sends, broadcasts) by moving one operation earlier
-    at a time, keeping a move when the simulated time drops.
-
-    A move takes an operation that ends late in the current simulation (the k-th latest with k
-    drawn from an exponential of mean n/8) and puts it before a uniformly drawn earlier one.
-    Seeded; at most :data:`AUTO_SEARCH_STEPS` moves and :data:`AUTO_SEARCH_BUDGET` simulated
-    operations in all. Returns the best order and its simulated time.
-    """
-    order, t = _search_order(task, topology, ops, label)
-    return tuple(ops[k] for k in order), t
-
-
-def _search_in_passes(task: ReshardTask, topology: Topology, classes: SliceClasses,
-                      ops: list[Op], label: str) -> tuple[Op, ...]:
-    """:func:`local_search` for the own method's ``ops`` on ``classes``: the order of their
-    first pass (:meth:`~meshcast.planning.classes.SliceClasses.first_pass`, one operation per
-    class part: the work of the one-box task's search) is searched and repeated in every pass.
-    Returns the expanded operations."""
-    kept, first = classes.first_pass(ops)
-    order, _ = _search_order(task, topology, first, label)
-    return classes.expand([ops[kept[k]] for k in order])
-
-
-def _search_order(
-    task: ReshardTask, topology: Topology, ops: tuple[Op, ...], label: str
-) -> tuple[list[int], float]:
-    """:func:`local_search`'s order (indices of ``ops``) and its simulated time."""
-    n = len(ops)
-    sim = OrderSimulator(Plan(task, ops, label, "auto", topology), topology)
-    cur = list(range(n))  # the order, as indices of ops
-    end = sim.end_s(cur)
-    t = max(end, default=0.0)
-    if n < 2:
-        return cur, t
-    rng = seeded_rng(SEED, 7)
-    for _ in range(min(AUTO_SEARCH_STEPS, AUTO_SEARCH_BUDGET // n)):
-        late = np.argsort(end, kind="stable")
-        j = int(late[n - 1 - min(int(rng.exponential(n / 8)), n - 1)])
-        if j == 0:
-            continue
-        i = int(rng.integers(0, j))
-        cand = [*cur[:i], cur[j], *cur[i:j], *cur[j + 1 :]]
-        new = sim.end_s(cand)
-        if max(new) < t:
-            cur, end, t = cand, new, max(new)
-    return cur, t
