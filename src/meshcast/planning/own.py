@@ -18,7 +18,7 @@ from .dispatch import busiest_resource_work, dispatch, order_items
 from .fair_share import fair_share_dispatch
 from .items import Item, OwnItems, own_items
 
-__all__ = ["OWN_VARIANTS", "TRIALS_PER_STAGE", "Candidate", "OwnMethod"]
+__all__ = ["FAIR_SHARE_EVERY", "OWN_VARIANTS", "TRIALS_PER_STAGE", "Candidate", "OwnMethod"]
 
 OWN_VARIANTS: tuple[tuple[bool, bool, str], ...] = tuple(
     (stripe, chunk, order)
@@ -28,6 +28,11 @@ OWN_VARIANTS: tuple[tuple[bool, bool, str], ...] = tuple(
 )
 """(stripe, chunk, order) of the plans of our own method that ``"auto"`` tries, in this order
 (the order of the candidates decides ties)."""
+
+FAIR_SHARE_EVERY = 4
+"""One seeded trial in this many (trials 1, 5, 9, ...) runs the fair-share dispatcher instead of
+the non-delay one. Set once on the planner suite (one in two gave the same geometric mean and
+worst, in more time); not derived."""
 
 TRIALS_PER_STAGE = 4
 """``"auto"`` checks after every this many seeded trials whether it can stop (the trials of one
@@ -126,7 +131,7 @@ class OwnMethod:
         out: list[Candidate] = []
         for k in range(first, min(first + TRIALS_PER_STAGE, trials)):
             rng = seeded_rng(SEED, c, k)
-            if k % 4 == 1:
+            if k % FAIR_SHARE_EVERY == 1:
                 ops = fair_share_dispatch(items, self.lat, rng)
             else:
                 ops = dispatch(items, self.lat, queue_on_nic=True, rng=rng, crit=self.crit[c])
