@@ -19,6 +19,7 @@ from ..core.boxes import Box
 from ..core.ops import Op, Send
 from ..core.topology import Topology
 from ..core.units import GBIT
+from .stagger import lead_pieces
 
 __all__ = [
     "Bipartite", "Components", "Phased", "bipartite_components", "epoch_cuts", "phase_model",
@@ -330,8 +331,7 @@ def _with_lead_pieces(
     epoch: np.ndarray,
 ) -> list[Op]:
     """The sends in ``order``; the first send of each sender in each epoch cut into ``cuts + 1``
-    pieces along its longest dimension (``cuts`` one-row pieces and the rest, as many as its
-    rows allow), so its block runs ``cuts`` start-ups later."""
+    pieces (:func:`~.stagger.lead_pieces`), so its block runs ``cuts`` start-ups later."""
     ops: list[Op] = [Send(senders[p], remotes[p][0], boxes[p]) for p in order.tolist()]
     snd = np.asarray(senders, dtype=np.int64)[order]
     key = epoch[order] * (int(snd.max()) + 1 if len(snd) else 1) + snd
@@ -341,21 +341,7 @@ def _with_lead_pieces(
     done = 0
     for k in first.tolist():
         out += ops[done:k]
-        out += _lead_pieces(ops[k], int(cuts[order[k]]))
+        out += lead_pieces(ops[k], int(cuts[order[k]]))
         done = k + 1
     out += ops[done:]
     return out
-
-
-def _lead_pieces(op: Send, cut: int) -> list[Op]:
-    """``op`` as ``cut`` one-row pieces along its longest dimension and the rest (fewer where
-    its rows do not allow; ``op`` itself for a 0-d box)."""
-    box = op.box
-    if not box:
-        return [op]
-    d = max(range(len(box)), key=lambda x: box[x].stop - box[x].start)
-    lo, hi = box[d].start, box[d].stop
-    cut = max(min(cut, hi - lo - 1), 0)
-    pieces: list[Op] = [Send(op.src, op.dst, (*box[:d], slice(x, x + 1), *box[d + 1 :]))
-                        for x in range(lo, lo + cut)]
-    return [*pieces, Send(op.src, op.dst, (*box[:d], slice(lo + cut, hi), *box[d + 1 :]))]
