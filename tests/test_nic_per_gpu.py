@@ -42,16 +42,18 @@ def test_bytes_that_cross_once_and_spread_inside_the_host():
     4 ranks of the second host and held on none of them. Whatever the plan, the half crosses
     into the host once (at one NIC's rate on the ranks that take it across) and reaches the
     other 3 ranks in second operations at NVLink's rate at most: 4 x 50 GB/s for a quarter, then
-    3/4 of the half inside. auto's all-gather plan meets that bound (7.18 ms); before, the
-    bound (5.39 ms) counted only the NICs and put it at 1.33 x."""
+    3/4 of the half inside, in one all-gather whose start-up the bound does not count (an
+    all-gather may re-join several slices; issue 14). auto's all-gather plan is within 0.3 % of
+    that bound (7.18 ms; before issue 14, the bound, 5.39 ms, counted only the NICs and put it at
+    1.33 x)."""
     task, topo = _h100(1)
     lb = mc.lower_bound_details(task, topo)
     half = task.nbytes / 2
     nic, intra = 400 / 8 * 1e9, 3600 / 8 * 1e9
     lat = topo.latency_us * 1e-6
-    per_half = 4 * lat + half / nic + 3 * (lat + half / intra)  # 4 receivers' time for a half
+    per_half = lat + half / nic + 3 * half / intra  # the 4 receivers' time for a half
     assert lb.host_s == pytest.approx(2 * per_half / 8, rel=1e-9)
-    assert mc.simulate(mc.plan(task, topo)).time_s <= lb.seconds * 1.001
+    assert mc.simulate(mc.plan(task, topo)).time_s <= lb.seconds * 1.003
 
 
 def test_nics_of_ranks_outside_the_task_carry_nothing():
@@ -69,8 +71,8 @@ def test_allgather_parts_in_rounds_on_a_nic_per_gpu(case):
     makes every receiver wait for each slice's parts and re-join before the next slice's
     holder can send to it (1.4-3.3 x the bound); its parts in rank-disjoint rounds (every
     receiver takes a part over its own NIC, the holders send in parallel), then the re-joins,
-    reach 1.001 x (1.09 x for case 7, whose holders also feed ranks of their own host), and
-    auto keeps that plan."""
+    reach 1.005 x (1.09 x for case 7, whose holders also feed ranks of their own host), and
+    auto keeps that plan or a faster one."""
     task, topo = _h100(case)
     bound = mc.lower_bound(task, topo)
     fixed = mc.plan(task, topo, strategy="allgather", balance="size")
@@ -80,6 +82,6 @@ def test_allgather_parts_in_rounds_on_a_nic_per_gpu(case):
     plan = mc.Plan(task, rounds, "allgather", "size", topo, fixed.fallbacks)
     plan.check()
     assert mc.simulate(fixed).time_s > 1.3 * bound
-    assert mc.simulate(plan).time_s < (1.1 if case == 7 else 1.002) * bound
+    assert mc.simulate(plan).time_s < (1.1 if case == 7 else 1.006) * bound
     auto = mc.plan(task, topo)
-    assert mc.simulate(auto).time_s == mc.simulate(plan).time_s
+    assert mc.simulate(auto).time_s <= mc.simulate(plan).time_s

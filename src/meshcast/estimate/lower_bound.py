@@ -9,19 +9,25 @@
   that serve ranks of the task).
 * Nothing moves before the first operation has paid its start-up latency, so the bound adds
   ``latency_us`` once when any byte must cross hosts.
-* Per rank (latency): an operation carries data of one unit slice at most (its box lies in one
-  source shard and in the destination shard of every receiver), and a rank runs its operations one
-  after another, each paying ``latency_us``. So a receiver pays at least ``latency + bytes /
-  fastest link`` for each unit slice it lacks, and ``latency + min(bytes / NIC, latency + bytes /
-  fastest link)`` for one no rank of its host holds: the first operation that brings it such
-  bytes crosses the NIC (an intra-host sender is a holder, and an AllGather member contributes a
-  non-empty part it must have received before), so either that one operation brings it all
-  (waiting for the bytes at one NIC's rate) or it takes part in two. On the sending side, the k
-  holders of a source tile (they hold no other tile) run at least one operation per slice of it
-  that must move (n in all),
-  each paying ``latency`` and carrying at most one slice, at most at the fastest link (one NIC's
-  rate for a slice none of whose receivers sits on a holder host): the least time in which k
-  holders can do that, counting operations in whole numbers, is
+* Per rank (latency): a transfer (``Copy``, ``Send``, ``Broadcast``) carries data of one unit
+  slice at most (its box lies in one source shard and in the destination shard of every
+  receiver), an ``AllGather`` runs inside one host and may re-join several slices, and a rank
+  runs its operations one after another, each paying ``latency_us``. So a receiver that takes
+  part in no all-gather pays at least ``latency + bytes / fastest link`` for each unit slice it
+  lacks, and ``latency + min(bytes / NIC, latency + bytes / fastest link)`` for one no rank of
+  its host holds: the first operation that brings it such bytes crosses the NIC (an intra-host
+  sender is a holder, and an AllGather member contributes a non-empty part it must have
+  received before), so either that one operation brings it all (waiting for the bytes at one
+  NIC's rate) or it takes part in two. One that takes part in an all-gather (where another rank
+  of its host needs one of its tiles) pays at least that start-up, one more for its part unless
+  it holds some of what it needs, and its bytes at the fastest link. The ``m >= 2`` ranks of a
+  host that need one tile, ``k`` of whose slices none of them holds, run ``k`` transfers at
+  least (one slice each), so one of them ``ceil(k / m)`` and an all-gather (unless it runs all
+  ``k``). On the sending side, the k holders of a source tile (they hold no other tile) run at
+  least one operation per slice of it that must move (n in all), each paying ``latency`` and
+  carrying at most one slice of the tile, at most at the fastest link (one NIC's rate for a
+  slice none of whose receivers sits on a holder host): the least time in which k holders can
+  do that, counting operations in whole numbers, is
   :func:`~meshcast.estimate.rank_bounds.holders_bound` (e.g. 7 slices of 15 us from 5 holders
   with 30 us start-ups: two operations on every holder, 81 us, where spreading the start-ups
   evenly gave 63 us). These terms matter for small tensors cut into many small slices.
@@ -31,10 +37,15 @@
   (``tr`` = bytes over one inbound NIC of h; by the per-rank argument each receiver waits for
   the whole transfer or pays a second latency and takes the bytes at the fastest link at most,
   and the bytes cross once at least) and ``k*lat + min(k*tr, lat)`` if one does (an intra-host
-  operation pays one more latency). A slice held on h alone and needed elsewhere costs the ranks
-  of h ``lat + bytes / B_out``. Proof in ``docs/scheduling.md``; it needs every operation to carry
-  data of one unit slice at most and every AllGather part to be non-empty, which every plan of
-  :func:`meshcast.plan` satisfies (:func:`meshcast.simulate` refuses empty parts).
+  operation pays one more latency); where two or more ranks of h need its tile and may re-join
+  it in an all-gather (whose start-up is counted for no slice), at least its bytes at the
+  fastest link on each rank that lacks it and does not bring it in, plus ``lat + tr`` for the
+  transfer that brings it in if h does not hold it, when that is less. A slice held on h alone
+  and needed elsewhere costs the ranks of h ``lat + bytes / B_out``. Proof in
+  ``docs/scheduling.md``; it needs every transfer to carry data of one unit slice at most, every
+  AllGather to run inside one host with a non-empty part per member (:func:`meshcast.simulate`
+  refuses the others) and to meet a holder's source tile in one slice at most (its box lies in
+  one destination tile), which every plan of :func:`meshcast.plan` satisfies.
 
 The bound holds for every plan that passes the plan check (:func:`meshcast.check_plan`) and
 that the simulator can run; ``efficiency = lower_bound / time``.

@@ -1,7 +1,9 @@
 """The per-rank and per-host terms of the lower bound (:mod:`meshcast.estimate.lower_bound`,
 whose module docstring and docs/scheduling.md give the arguments): what each receiver, each
-source tile's holders and each host's ranks must spend, given that an operation carries data
-of one unit slice at most and a rank runs its operations one after another."""
+source tile's holders, each group of ranks that share a tile on a host and each host's ranks
+must spend, given that a transfer carries data of one unit slice at most, an all-gather runs
+inside one host (and may re-join several slices) and a rank runs its operations one after
+another."""
 
 from __future__ import annotations
 
@@ -146,7 +148,22 @@ def receiving_times(
         extra = np.minimum(nbytes / rate, lat + nbytes / fastest)
         held_extra = np.bincount(w_rank[e], extra[e_pair], minlength=n_ranks)
         off_cost[on] = (per_rank_sum(np.bincount(t, extra, minlength=n_dst)) - held_extra)[on]
-    return n_recv * lat + np.maximum(b_recv - off_bytes, 0.0) / fastest + off_cost
+    one_by_one = n_recv * lat + np.maximum(b_recv - off_bytes, 0.0) / fastest + off_cost
+    # or it takes part in an AllGather, one operation for the slices of its box: that start-up,
+    # one more for the part it brings unless it holds some of what it needs (a Copy), and its
+    # bytes at the fastest link; only where another rank of its host needs one of its tiles
+    gather = (lat * (1 + (np.bincount(j_rank, minlength=n_ranks) == 0)) + b_recv / fastest)
+    return np.where(_shares_a_tile(per_rank), np.minimum(one_by_one, gather), one_by_one)
+
+
+def _shares_a_tile(per_rank: RankTiles) -> np.ndarray:
+    """Per rank: another rank of its host needs one of its destination tiles (so the two may
+    re-join it in an AllGather)."""
+    key = per_rank.wanted_tile * (int(per_rank.host.max(initial=0)) + 1) \
+        + per_rank.host[per_rank.wanted_rank]
+    _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
+    shared = counts[inverse.ravel()] > 1
+    return np.bincount(per_rank.wanted_rank[shared], minlength=len(per_rank.host)) > 0
 
 
 def rank_bound(
@@ -181,7 +198,27 @@ def rank_bound(
         runs = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
         x_max[s[runs]] = np.maximum.reduceat(move, runs)
     per_tile = holders_bound(n_tile, holders, x_tile, x_max, lat)
-    return float(max(per_rank_s.max(initial=0.0), per_tile.max(initial=0.0)))
+    return float(max(per_rank_s.max(initial=0.0), per_tile.max(initial=0.0),
+                     _group_bound(per_rank, keys, t, lat)))
+
+
+def _group_bound(per_rank: RankTiles, keys: np.ndarray, t: np.ndarray, lat: float) -> float:
+    """The start-ups of the ``m >= 2`` ranks of a host that need one destination tile, ``k`` of
+    whose slices none of them holds: each of those slices reaches one of them in an operation of
+    its own (a ``Send`` or ``Broadcast``: one slice at most), so one of them runs ``ceil(k / m)``
+    such operations, and one more, an ``AllGather``, unless it takes all ``k`` itself (``k >= 2``:
+    at least as many); ``k = 1``: one operation."""
+    n_hosts = int(per_rank.host.max(initial=0)) + 1
+    n_dst = len(per_rank.receivers)
+    group = per_rank.wanted_tile * n_hosts + per_rank.host[per_rank.wanted_rank]
+    groups, m = np.unique(group, return_counts=True)
+    j_rank, j_pair = _held_by_receivers(per_rank, keys)
+    held = np.unique(j_pair * n_hosts + per_rank.host[j_rank])  # (pair, host): a member holds it
+    held_group = t[held // n_hosts] * n_hosts + held % n_hosts
+    n_held = np.bincount(np.searchsorted(groups, held_group), minlength=len(groups))
+    k = np.bincount(t, minlength=n_dst)[groups // n_hosts] - n_held
+    ops = np.where(k >= 2, -(-k // np.maximum(m, 1)) + 1, np.minimum(k, 1))
+    return float((np.where(m >= 2, ops, 0) * lat).max(initial=0.0))
 
 
 def holders_bound(n: np.ndarray, k: np.ndarray, work: np.ndarray, most: np.ndarray,
@@ -189,7 +226,8 @@ def holders_bound(n: np.ndarray, k: np.ndarray, work: np.ndarray, most: np.ndarr
     """Per source tile: the least time in which its ``k`` holders (they hold no other tile) can
     run the operations that carry its ``n`` slices some receiver lacks, ``work`` seconds of
     transfer in all, at most ``most`` seconds of it in one operation (an operation carries data
-    of one unit slice at most).
+    of one of the tile's slices at most: a transfer one slice, an all-gather's box one
+    destination tile, which meets the source tile in one slice).
 
     A holder that runs ``m`` operations is busy at least ``m * lat`` plus the transfer it
     carries, and carries at most ``m * most``; the holders run ``n`` operations at least. So in
@@ -264,11 +302,19 @@ def _host_receiving(topology: Topology, per_rank: RankTiles, s: np.ndarray, t: n
         if len(have):
             k = k - np.append(n_have, 0)[pair_index(have, pair * n_hosts + host)]
         tr = nbytes[pair] / nic_in[host]
+        held = held_host[s[pair], host]
         recv = np.where(
-            held_host[s[pair], host],
+            held,
             k * lat + np.minimum(k * tr, lat),
             k * lat + tr + (k - 1) * np.minimum(tr, lat + nbytes[pair] / fastest),
         )
+        # two or more ranks of the host need the tile: they may re-join it in an AllGather (one
+        # operation for many slices: its start-up counted for none), so the slice costs them at
+        # least its bytes at the fastest link on each rank that lacks it, and the start-up and
+        # one NIC's time of the operation that brings it into the host if none of it holds it
+        inside = (k - np.where(held, 0, 1)) * nbytes[pair] / fastest
+        recv = np.where(ranks[entry] > 1,
+                        np.minimum(recv, np.where(held, 0.0, lat + tr) + inside), recv)
         busy += np.bincount(host, np.where(k > 0, recv, 0.0), minlength=n_hosts)
     return busy
 

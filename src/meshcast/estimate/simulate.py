@@ -146,7 +146,7 @@ def _op_model(plan: Plan, nics: _Nics) -> _Model:
             row = ((op.src, *op.dsts), box_size(op.box) * itemsize, route, intra if fan else inf,
                    lat + _chain_fill(route, fan, nics))
         elif isinstance(op, AllGather):
-            _placed(op.group, host_of)
+            _one_host(op, host_of, len(ranks))
             row = (op.group, _allgather_bytes(op, len(ranks)) * itemsize, (), intra, lat)
         elif isinstance(op, Copy):
             _placed((op.rank,), host_of)
@@ -163,6 +163,19 @@ def _placed(ranks: tuple[int, ...], host_of: Mapping[int, int]) -> None:
     for r in ranks:
         if r not in host_of:
             raise KeyError(r)
+
+
+def _one_host(op: AllGather, host_of: Mapping[int, int], index: int) -> None:
+    """KeyError unless every member of ``op`` is on a host; ValueError unless all are on one
+    (the model runs an all-gather on a host's fast links, and the lower bound relies on it)."""
+    _placed(op.group, host_of)
+    hosts = sorted({host_of[r] for r in op.group})
+    if len(hosts) > 1:
+        raise ValueError(
+            f"plan operation {index}: an AllGather re-joins a box inside one host (the simulator "
+            f"runs it on the host's fast links; the lower bound relies on it), but its group "
+            f"{op.group} spans hosts {hosts}; bring the parts across with sends or broadcasts"
+        )
 
 
 def _allgather_bytes(op: AllGather, index: int) -> int:

@@ -3,10 +3,11 @@
 Candidates: the plans of our own method (:mod:`.items`: senders from the outbound LP of the
 lower bound, optional striping and chunking, per-slice broadcast or point-to-point) in every
 order of :data:`~meshcast.planning.dispatch.ORDERS` plus seeded dispatch trials (on classes
-of slices with equal holders and receivers, :mod:`.classes`), the
-vectorised plans of :mod:`.large`, and every fixed strategy x balance plan (so ``"auto"`` is
-never slower than any of them, up to float rounding); the fastest is then improved by a seeded
-local search over the order when it is far above the lower bound. They are built in stages,
+of slices with equal holders and receivers, :mod:`.classes`), the vectorised plans of
+:mod:`.large`, every fixed strategy x balance plan (so ``"auto"`` is never slower than any of
+them, up to float rounding), and the fastest rewritten (tiles gathered, :mod:`.gathered`;
+starts staggered, :mod:`.stagger`); then a seeded local search over the order when the best is
+far above the lower bound. They are built in stages,
 and planning stops when the rest cannot matter: the best meets the lower bound, or is close to
 it and no fixed plan can be faster (:mod:`.floors`). Above
 :data:`~meshcast.planning.budgets.AUTO_SIM_LIMIT` unit slices one vectorised plan is built; it
@@ -39,6 +40,7 @@ from .budgets import (
 from .dispatch import phase_rounds
 from .fixed import STRATEGIES, fixed_plan
 from .floors import first_holder_floor, strategy_floors
+from .gathered import Group, gathered, tile_groups
 from .large import large_plan
 from .local_search import local_search, search_in_passes
 from .order import order_floor, order_plan
@@ -110,9 +112,21 @@ def auto_plan(
                 break
     if not fixed.built:
         pool.add(fixed())
+    return _finished(pool, own, lbd)
+
+
+def _finished(pool: _Pool, own: OwnMethod | None, lbd: LowerBound) -> Plan:
+    """The plan when the stages did not stop the work: above ``AUTO_GOOD_ENOUGH`` over the
+    bound, the fastest candidate without all-gathers with its tiles gathered, and the fastest of
+    all with its starts staggered, as candidates; then, above ``AUTO_SEARCH_GAP``, the local
+    search; the fastest of all."""
     best = pool.best()
     if pool.times[best] > lbd.unmargined_s * (1 + AUTO_GOOD_ENOUGH):
-        pool.add(_staggered(pool, best))
+        groups = tile_groups(pool.task, pool.topology)
+        free = _without_allgathers(pool)
+        if groups and free:
+            pool.add(_gathered(pool, pool.fastest(free), groups))
+        pool.add(_staggered(pool, pool.best()))
         best = pool.best()
     if pool.times[best] > AUTO_SEARCH_GAP * lbd.unmargined_s:
         searched = _searched(pool, own)
@@ -121,16 +135,36 @@ def auto_plan(
     return pool.plan(best)
 
 
+def _without_allgathers(pool: _Pool) -> list[int]:
+    """The candidates without an ``AllGather`` (any order of their copies, sends and broadcasts
+    moves the same data; an all-gather must follow its parts)."""
+    return [i for i, c in enumerate(pool.candidates)
+            if not any(isinstance(op, AllGather) for op in c[3])]
+
+
+def _gathered(pool: _Pool, i: int, groups: list[Group]) -> list[Candidate]:
+    """Candidate ``i`` (no all-gathers) with the tile groups ``groups`` gathered
+    (:func:`~meshcast.planning.gathered.gathered`), in its order and in
+    :func:`~meshcast.planning.dispatch.phase_rounds` order (positions ``(4, j)``: they win only
+    where strictly faster)."""
+    _, label, _, ops, fallbacks = pool.candidates[i]
+    cut = gathered(ops, groups)
+    if cut is None:
+        return []
+    return [((4, j), label, "gathered", o, fallbacks)
+            for j, o in enumerate((cut, phase_rounds(cut)))]
+
+
 def _staggered(pool: _Pool, best: int) -> list[Candidate]:
     """Candidate ``best`` with the ranks of each NIC staggered, in each way of
-    :data:`~meshcast.planning.stagger.STAGGERS` that cuts something (positions ``(4, k)``: they
+    :data:`~meshcast.planning.stagger.STAGGERS` that cuts something (positions ``(5, k)``: they
     win only where strictly faster)."""
     _, label, _, ops, fallbacks = pool.candidates[best]
     out: list[Candidate] = []
     for k, (side, groups) in enumerate(STAGGERS):
         cut = staggered(ops, pool.topology, side, groups)
         if cut is not None:
-            out.append(((4, k), label, "stagger", cut, fallbacks))
+            out.append(((5, k), label, "stagger", cut, fallbacks))
     return out
 
 
@@ -139,8 +173,7 @@ def _searched(pool: _Pool, own: OwnMethod | None) -> tuple[Plan, float] | None:
     sends and broadcasts moves the same data; an all-gather must follow its parts); for our own
     method's plans on classes, the search of the order of one pass. The plan found and its
     simulated time (None: no such candidate)."""
-    free = [i for i, c in enumerate(pool.candidates)
-            if not any(isinstance(op, AllGather) for op in c[3])]
+    free = _without_allgathers(pool)
     if not free:
         return None
     task, topology = pool.task, pool.topology

@@ -1,0 +1,175 @@
+"""Gathered tiles: the receivers of one host that need the same destination tile take a part of
+it each, then re-join it in one all-gather, for any plan.
+
+A destination tile made of several unit slices, needed by ``m`` ranks of one host, costs each of
+them one operation per slice when every slice is broadcast to all ``m`` (each broadcast holds
+all of them): ``k`` slices, ``k`` start-ups on every one of those ranks, the host's NIC idle in
+each. Cut the tile into ``m`` parts instead (along its longest dimension, at slice boundaries
+where they allow), send each receiver its part (one send per slice the part meets, from a
+holder), then one ``AllGather`` over the host's fast links: each rank pays about ``k / m + 1``
+start-ups, and the parts cross the NIC (or the receivers' own NICs) side by side. The
+``"allgather"`` strategy does this per slice, which pays the re-join per slice;
+:func:`gathered` does it per tile, on the operations of any plan without all-gathers, as
+candidates of ``"auto"``, kept only where they simulate faster. ``docs/scheduling.md``
+("Gathered tiles") has the measurements.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ..core.boxes import Box, box_size, split_box
+from ..core.ops import AllGather, Broadcast, Op, Send
+from ..core.task import ReshardTask, iter_slices
+from ..core.topology import Topology
+
+__all__ = ["Group", "gathered", "tile_groups"]
+
+
+class Group(NamedTuple):
+    """A destination tile's box, the ranks of one host that need all of it from elsewhere, and
+    the unit slices that make it up (boxes and holders)."""
+
+    box: Box
+    receivers: tuple[int, ...]
+    slices: tuple[tuple[Box, tuple[int, ...]], ...]
+
+
+def tile_groups(task: ReshardTask, topology: Topology) -> list[Group]:
+    """The (destination tile, host) pairs worth gathering: two or more ranks of the host need
+    the tile, none of them holds any of it (each slice reaches all of them from elsewhere), it is
+    one box (not the several boxes of a strided or fused layout's tile), and it has two or more
+    unit slices or one with two or more holders (else its parts would leave one sender one after
+    another); in tile order, then host order."""
+    dec = task.decomposition
+    host_of = topology.hosts_by_rank
+    by_tile: dict[int, list[int]] = {}
+    for i, t in enumerate(dec.dst_tile.tolist()):
+        by_tile.setdefault(t, []).append(i)
+    slices = list(iter_slices(task))
+    groups: list[Group] = []
+    for t, members in sorted(by_tile.items()):
+        by_host: dict[int, list[int]] = {}
+        for r in dec.receivers_of_tile[t]:
+            by_host.setdefault(host_of[r], []).append(r)
+        for _, ranks in sorted(by_host.items()):
+            if len(ranks) < 2 or any(not set(ranks) <= set(slices[i].remote) for i in members):
+                continue
+            if len(members) == 1 and len(slices[members[0]].holders) == 1:
+                continue  # its parts would leave one sender one after another
+            boxes = [slices[i].box for i in members]
+            box = tuple(slice(min(b[d].start for b in boxes), max(b[d].stop for b in boxes))
+                        for d in range(len(boxes[0])))
+            if box_size(box) != sum(map(box_size, boxes)):
+                continue  # a tile of several boxes (a strided or fused layout): not one box
+            groups.append(Group(box, tuple(ranks),
+                                tuple((slices[i].box, slices[i].holders) for i in members)))
+    return groups
+
+
+def gathered(ops: Sequence[Op], groups: list[Group]) -> tuple[Op, ...] | None:
+    """``ops`` (no ``AllGather`` among them) with every group of ``groups`` (:func:`tile_groups`)
+    that can be cut into a part per receiver (:func:`_parts`) gathered: where an operation brings
+    a box of the group's tile to some of its receivers, each of them gets, in its place, only the
+    piece of that box that falls in its own part (a ``Send``; the operation keeps its other
+    receivers), the pieces of one operation from its sender and then the slice's other holders
+    in turn (parts of one slice leave over several NICs); the group's ``AllGather`` follows its
+    last piece. The order of the plan stays; each receiver takes its part once and re-joins the
+    tile once. None where no group can be cut."""
+    if any(isinstance(op, AllGather) for op in ops):
+        return None
+    part_of: dict[int, list[tuple[Box, Box, int]]] = {}  # receiver -> (tile, its part, group)
+    used: list[tuple[Group, AllGather]] = []
+    for g in groups:
+        parts = _parts(g)
+        if parts is not None:
+            for r, part in zip(g.receivers, parts):
+                part_of.setdefault(r, []).append((g.box, part, len(used)))
+            used.append((g, AllGather(g.receivers, g.box, parts)))
+    if not used:
+        return None
+    out: list[Op] = []
+    last = [0] * len(used)  # per group: how many operations precede its all-gather
+    for op in ops:
+        if not isinstance(op, (Send, Broadcast)):
+            out.append(op)
+            continue
+        dsts = (op.dst,) if isinstance(op, Send) else op.dsts
+        keep: list[int] = []
+        pieces: list[tuple[int, int, Box]] = []  # (group, receiver, piece)
+        for r in dsts:
+            mine = next(((part, k) for tile, part, k in part_of.get(r, ())
+                         if _inside(op.box, tile)), None)
+            if mine is None:
+                keep.append(r)
+            elif (piece := _intersection(op.box, mine[0])) is not None:
+                pieces.append((mine[1], r, piece))
+        if len(keep) == len(dsts):
+            out.append(op)
+            continue
+        if keep:
+            out.append(Send(op.src, keep[0], op.box) if len(keep) == 1
+                       else Broadcast(op.src, tuple(keep), op.box))
+        if pieces:
+            holders = next(h for box, h in used[pieces[0][0]][0].slices if _inside(op.box, box))
+            first = holders.index(op.src) if op.src in holders else 0
+            for n, (k, r, piece) in enumerate(pieces):
+                out.append(Send(holders[(first + n) % len(holders)], r, piece))
+                last[k] = len(out)
+    after: dict[int, list[AllGather]] = {}
+    for (_, gather), at in zip(used, last):
+        after.setdefault(at, []).append(gather)
+    return tuple(x for i in range(len(out) + 1)
+                 for x in (*after.get(i, ()), *((out[i],) if i < len(out) else ())))
+
+
+def _parts(g: Group) -> tuple[Box, ...] | None:
+    """``g``'s tile cut into one part per receiver: a grid of whole unit slices where the slices'
+    boundaries allow one of exactly that many cells (each part then meets its slices whole: one
+    send per slice), the grid whose largest cell is smallest; else equal parts along its
+    longest dimension (:func:`~meshcast.core.boxes.split_box`); None where it is too short."""
+    box, m = g.box, len(g.receivers)
+    if not box:
+        return None
+    inner = [sorted({b[d].start for b, _ in g.slices} - {box[d].start}) for d in range(len(box))]
+    grids = [_grid(box, inner, counts) for counts in _factorings(m, [len(x) + 1 for x in inner])]
+    if not grids:
+        return split_box(box, m)
+    return min(grids, key=lambda parts: max(box_size(p) for p in parts))
+
+
+def _factorings(m: int, caps: list[int]) -> list[tuple[int, ...]]:
+    """Every way to write ``m`` as a product of one factor per dimension, factor ``d`` at most
+    ``caps[d]`` (in lexicographic order)."""
+    if not caps:
+        return [()] if m == 1 else []
+    return [(c, *rest) for c in range(1, min(m, caps[0]) + 1) if m % c == 0
+            for rest in _factorings(m // c, caps[1:])]
+
+
+def _grid(box: Box, inner: list[list[int]], counts: tuple[int, ...]) -> tuple[Box, ...]:
+    """``box`` cut into ``counts[d]`` pieces along each dimension ``d`` at the boundaries of
+    ``inner[d]`` nearest to equal pieces; the cells in row-major order."""
+    edges = []
+    for (lo, hi), cuts, c in zip(((b.start, b.stop) for b in box), inner, counts):
+        chosen: list[int] = []
+        first = 0  # the first boundary still free
+        for k in range(1, c):
+            target = lo + (hi - lo) * k / c
+            last = len(cuts) - (c - 1 - k)  # a boundary left for each later cut
+            j = min(range(first, last), key=lambda j: (abs(cuts[j] - target), j))
+            chosen.append(cuts[j])
+            first = j + 1
+        edges.append([slice(a, b) for a, b in itertools.pairwise([lo, *chosen, hi])])
+    return tuple(itertools.product(*edges))
+
+
+def _intersection(a: Box, b: Box) -> Box | None:
+    out = tuple(slice(max(x.start, y.start), min(x.stop, y.stop)) for x, y in zip(a, b))
+    return out if all(s.start < s.stop for s in out) else None
+
+
+def _inside(box: Box, within: Box) -> bool:
+    return all(w.start <= b.start and b.stop <= w.stop for b, w in zip(box, within))
