@@ -4,14 +4,14 @@ it each, then re-join it in one all-gather, for any plan.
 A destination tile made of several unit slices, needed by ``m`` ranks of one host, costs each of
 them one operation per slice when every slice is broadcast to all ``m`` (each broadcast holds
 all of them): ``k`` slices, ``k`` start-ups on every one of those ranks, the host's NIC idle in
-each. Cut the tile into ``m`` parts instead (along its longest dimension, at slice boundaries
-where they allow), send each receiver its part (one send per slice the part meets, from a
-holder), then one ``AllGather`` over the host's fast links: each rank pays about ``k / m + 1``
-start-ups, and the parts cross the NIC (or the receivers' own NICs) side by side. The
-``"allgather"`` strategy does this per slice, which pays the re-join per slice;
-:func:`gathered` does it per tile, on the operations of any plan without all-gathers, as
-candidates of ``"auto"``, kept only where they simulate faster. ``docs/scheduling.md``
-("Gathered tiles") has the measurements.
+each. Cut the tile into ``m`` parts instead (a grid of whole slices where their boundaries
+allow), send each receiver its part (one send per slice the part meets, from a holder), then
+one ``AllGather`` over the host's fast links: each rank pays about ``k / m + 1`` start-ups, and
+the parts cross the NIC (or the receivers' own NICs) side by side. The ``"allgather"``
+strategy does this per slice, which pays the re-join per slice; :func:`gathered` does it per
+tile, on the operations of any plan without all-gathers, as candidates of ``"auto"``, kept only
+where they simulate faster. ``docs/scheduling.md`` (``auto``, step 8) has the measurements; the
+lower bound allows all-gathers of several slices (its section there).
 """
 
 from __future__ import annotations

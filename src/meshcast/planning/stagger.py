@@ -8,7 +8,7 @@ everything it does next by about ``k`` start-ups; ranks of one NIC delayed by di
 of start-ups take turns on it, each transferring while the others pay their start-ups. The
 phased order of :mod:`.phased` does this for complete bipartite sends; :func:`staggered` does it
 for the operations of any plan, as candidates of ``"auto"`` (:data:`STAGGERS`), kept only where
-they simulate faster. ``docs/scheduling.md`` ("Staggered starts") has the measurements.
+they simulate faster. ``docs/scheduling.md`` (``auto``, step 8) has the measurements.
 """
 
 from __future__ import annotations
