@@ -26,19 +26,20 @@ def _tile(rows: list[int], cols: list[int]) -> Group:
 
 def test_parts_are_whole_slices_where_the_grid_allows():
     """5 x 2 slices for 8 receivers: 4 x 2 cells at the slices' boundaries (each part meets
-    whole slices, so one send per slice); 3 x 1 slices cannot make 8 cells: equal parts along
-    the longest dimension."""
+    whole slices, so one send per slice). 3 x 1 slices cannot make 8 cells: each run of rows
+    between boundaries gets parts by its length (3, 3, 2), none across a boundary (each part
+    inside one slice: one send); a tile of one slice too short for 8 parts: none."""
     parts = _parts(_tile([0, 60, 120, 180, 240, 297], [0, 43, 86]))
     assert parts is not None and len(parts) == 8
-    assert {p[0].start for p in parts} <= {0, 60, 120, 180, 240}
     assert {p[1].start for p in parts} == {0, 43}
     # 297 rows in 4 at the boundaries nearest to 74.25, 148.5 and 222.75: 60, 120 and 240
     assert sorted({(p[0].start, p[0].stop) for p in parts}) == [(0, 60), (60, 120), (120, 240),
                                                                 (240, 297)]
     parts = _parts(_tile([0, 10, 20, 30], [0, 5]))
     assert parts == tuple((slice(a, b), slice(0, 5)) for a, b in
-                          [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20), (20, 24), (24, 27),
-                           (27, 30)])
+                          [(0, 4), (4, 7), (7, 10), (10, 14), (14, 17), (17, 20), (20, 25),
+                           (25, 30)])
+    assert _parts(_tile([0, 3, 6], [0, 1])) is None
 
 
 @st.composite

@@ -169,15 +169,13 @@ def _staggered(pool: _Pool, best: int) -> list[Candidate]:
 
 
 def _searched(pool: _Pool, own: OwnMethod | None) -> tuple[Plan, float] | None:
-    """The local search from the fastest candidate without all-gathers (any order of copies,
-    sends and broadcasts moves the same data; an all-gather must follow its parts); for our own
-    method's plans on classes, the search of the order of one pass. The plan found and its
-    simulated time (None: no such candidate)."""
-    free = _without_allgathers(pool)
-    if not free:
+    """The local search from the fastest candidate (its all-gathers kept after what they
+    re-join); for our own method's plans on classes, the search of the order of one pass. The
+    plan found and its simulated time (None: no candidate)."""
+    if not pool.candidates:
         return None
     task, topology = pool.task, pool.topology
-    position, label, _, ops, fallbacks = pool.candidates[pool.fastest(free)]
+    position, label, _, ops, fallbacks = pool.candidates[pool.best()]
     virtual = None if own is None else own.virtual_ops(position)
     if virtual is None:
         ops, t = local_search(task, topology, ops, label)

@@ -73,11 +73,12 @@ def gathered(ops: Sequence[Op], groups: list[Group]) -> tuple[Op, ...] | None:
     """``ops`` (no ``AllGather`` among them) with every group of ``groups`` (:func:`tile_groups`)
     that can be cut into a part per receiver (:func:`_parts`) gathered: where an operation brings
     a box of the group's tile to some of its receivers, each of them gets, in its place, only the
-    piece of that box that falls in its own part (a ``Send``; the operation keeps its other
-    receivers), the pieces of one operation from its sender and then the slice's other holders
-    in turn (parts of one slice leave over several NICs); the group's ``AllGather`` follows its
-    last piece. The order of the plan stays; each receiver takes its part once and re-joins the
-    tile once. None where no group can be cut."""
+    piece of that box that falls in its own part (the operation keeps its other receivers): one
+    ``Send``, or one ``Broadcast`` to the receivers of several hosts whose parts hold the same
+    piece, the distinct pieces of one operation from its sender and then the slice's other
+    holders in turn (parts of one slice leave over several NICs); the group's ``AllGather``
+    follows its last piece. The order of the plan stays; each receiver takes its part once and
+    re-joins the tile once. None where no group can be cut."""
     if any(isinstance(op, AllGather) for op in ops):
         return None
     part_of: dict[int, list[tuple[Box, Box, int]]] = {}  # receiver -> (tile, its part, group)
@@ -96,27 +97,9 @@ def gathered(ops: Sequence[Op], groups: list[Group]) -> tuple[Op, ...] | None:
         if not isinstance(op, (Send, Broadcast)):
             out.append(op)
             continue
-        dsts = (op.dst,) if isinstance(op, Send) else op.dsts
-        keep: list[int] = []
-        pieces: list[tuple[int, int, Box]] = []  # (group, receiver, piece)
-        for r in dsts:
-            mine = next(((part, k) for tile, part, k in part_of.get(r, ())
-                         if _inside(op.box, tile)), None)
-            if mine is None:
-                keep.append(r)
-            elif (piece := _intersection(op.box, mine[0])) is not None:
-                pieces.append((mine[1], r, piece))
-        if len(keep) == len(dsts):
-            out.append(op)
-            continue
-        if keep:
-            out.append(Send(op.src, keep[0], op.box) if len(keep) == 1
-                       else Broadcast(op.src, tuple(keep), op.box))
-        if pieces:
-            holders = next(h for box, h in used[pieces[0][0]][0].slices if _inside(op.box, box))
-            first = holders.index(op.src) if op.src in holders else 0
-            for n, (k, r, piece) in enumerate(pieces):
-                out.append(Send(holders[(first + n) % len(holders)], r, piece))
+        for piece, groups_fed in _rewritten(op, part_of, used):
+            out.append(piece)
+            for k in groups_fed:
                 last[k] = len(out)
     after: dict[int, list[AllGather]] = {}
     for (_, gather), at in zip(used, last):
@@ -125,19 +108,78 @@ def gathered(ops: Sequence[Op], groups: list[Group]) -> tuple[Op, ...] | None:
                  for x in (*after.get(i, ()), *((out[i],) if i < len(out) else ())))
 
 
+def _rewritten(op: Send | Broadcast, part_of: dict[int, list[tuple[Box, Box, int]]],
+               used: list[tuple[Group, AllGather]]) -> list[tuple[Op, list[int]]]:
+    """``op`` as :func:`gathered` rewrites it, each operation with the groups it feeds: ``op``
+    itself where none of its receivers gathers its box, else ``op`` without them (if any are
+    left) and their pieces (module doc)."""
+    dsts = (op.dst,) if isinstance(op, Send) else op.dsts
+    keep: list[int] = []
+    same: dict[tuple, tuple[Box, list[tuple[int, int]]]] = {}  # one piece, its owners
+    for r in dsts:
+        mine = next(((part, k) for tile, part, k in part_of.get(r, ())
+                     if _inside(op.box, tile)), None)
+        if mine is None:
+            keep.append(r)
+        elif (piece := _intersection(op.box, mine[0])) is not None:
+            key = tuple((x.start, x.stop) for x in piece)
+            same.setdefault(key, (piece, []))[1].append((mine[1], r))
+    if len(keep) == len(dsts):
+        return [(op, [])]
+    out: list[tuple[Op, list[int]]] = []
+    if keep:
+        out.append((Send(op.src, keep[0], op.box) if len(keep) == 1
+                    else Broadcast(op.src, tuple(keep), op.box), []))
+    if same:
+        k0 = next(iter(same.values()))[1][0][0]
+        holders = next(h for box, h in used[k0][0].slices if _inside(op.box, box))
+        first = holders.index(op.src) if op.src in holders else 0
+        for n, (piece, owners) in enumerate(same.values()):
+            src, to = holders[(first + n) % len(holders)], tuple(r for _, r in owners)
+            out.append((Send(src, to[0], piece) if len(to) == 1 else Broadcast(src, to, piece),
+                        [k for k, _ in owners]))
+    return out
+
+
 def _parts(g: Group) -> tuple[Box, ...] | None:
     """``g``'s tile cut into one part per receiver: a grid of whole unit slices where the slices'
     boundaries allow one of exactly that many cells (each part then meets its slices whole: one
-    send per slice), the grid whose largest cell is smallest; else equal parts along its
+    send per slice), the grid whose largest cell is smallest; else, along the dimension with the
+    most slice boundaries, each run between two boundaries cut into equal parts, as many per run
+    as its share of the length (each part inside one run: one send); else equal parts along the
     longest dimension (:func:`~meshcast.core.boxes.split_box`); None where it is too short."""
     box, m = g.box, len(g.receivers)
     if not box:
         return None
     inner = [sorted({b[d].start for b, _ in g.slices} - {box[d].start}) for d in range(len(box))]
     grids = [_grid(box, inner, counts) for counts in _factorings(m, [len(x) + 1 for x in inner])]
-    if not grids:
-        return split_box(box, m)
-    return min(grids, key=lambda parts: max(box_size(p) for p in parts))
+    if grids:
+        return min(grids, key=lambda parts: max(box_size(p) for p in parts))
+    d = max(range(len(box)), key=lambda x: (len(inner[x]), -x))
+    return _runs_cut(box, d, inner[d], m) or split_box(box, m)
+
+
+def _runs_cut(box: Box, d: int, inner: list[int], m: int) -> tuple[Box, ...] | None:
+    """``box`` cut along ``d`` into ``m`` parts, none across a boundary of ``inner`` (fewer than
+    ``m - 1``): each run between boundaries gets one part, and the others go to the runs by
+    length (largest remainder); None where a run is shorter than its count."""
+    edges = [box[d].start, *inner, box[d].stop]
+    runs = list(itertools.pairwise(edges))
+    total = edges[-1] - edges[0]
+    share = [(b - a) * (m - len(runs)) / total for a, b in runs]
+    counts = [1 + int(x) for x in share]
+    for k in sorted(range(len(runs)), key=lambda k: (int(share[k]) - share[k], k))[
+            : m - sum(counts)]:
+        counts[k] += 1
+    if any(c > b - a for (a, b), c in zip(runs, counts)):
+        return None
+    cells = []
+    for (a, b), c in zip(runs, counts):
+        small, extra = divmod(b - a, c)
+        for k in range(c):
+            lo = a + k * small + min(k, extra)
+            cells.append((*box[:d], slice(lo, lo + small + (k < extra)), *box[d + 1:]))
+    return tuple(cells)
 
 
 def _factorings(m: int, caps: list[int]) -> list[tuple[int, ...]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import Op
+from ..core.ops import AllGather, Op
 from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
@@ -21,8 +21,8 @@ __all__ = ["local_search", "search_in_passes"]
 def local_search(
     task: ReshardTask, topology: Topology, ops: tuple[Op, ...], label: str
 ) -> tuple[tuple[Op, ...], float]:
-    """Improve the order of ``ops`` (copies, sends, broadcasts) by moving one operation earlier
-    at a time, keeping a move when the simulated time drops.
+    """Improve the order of ``ops`` by moving one operation earlier at a time, keeping a move
+    when the simulated time drops (an all-gather stays after what it re-joins).
 
     A move takes an operation that ends late in the current simulation (the k-th latest with k
     drawn from an exponential of mean n/8) and puts it before a uniformly drawn earlier one.
@@ -47,9 +47,12 @@ def search_in_passes(task: ReshardTask, topology: Topology, classes: SliceClasse
 def _search_order(
     task: ReshardTask, topology: Topology, ops: tuple[Op, ...], label: str
 ) -> tuple[list[int], float]:
-    """:func:`local_search`'s order (indices of ``ops``) and its simulated time."""
+    """:func:`local_search`'s order (indices of ``ops``) and its simulated time. A move that
+    would put an all-gather before an operation that delivers into its box on one of its members
+    is not tried (the all-gather re-joins what those brought)."""
     n = len(ops)
     sim = OrderSimulator(Plan(task, ops, label, "auto", topology), topology)
+    feeds = _feeds(ops)
     cur = list(range(n))  # the order, as indices of ops
     end = sim.end_s(cur)
     t = max(end, default=0.0)
@@ -62,8 +65,26 @@ def _search_order(
         if j == 0:
             continue
         i = int(rng.integers(0, j))
+        if cur[j] in feeds and not feeds[cur[j]].isdisjoint(cur[i:j]):
+            continue
         cand = [*cur[:i], cur[j], *cur[i:j], *cur[j + 1 :]]
         new = sim.end_s(cand)
         if max(new) < t:
             cur, end, t = cand, new, max(new)
     return cur, t
+
+
+def _feeds(ops: tuple[Op, ...]) -> dict[int, set[int]]:
+    """Per all-gather of ``ops`` (its index): the operations before it that take part with one
+    of its members in a box inside its box (those that deliver what it re-joins, and more)."""
+    out: dict[int, set[int]] = {}
+    for g, op in enumerate(ops):
+        if isinstance(op, AllGather):
+            members = set(op.group)
+            out[g] = {k for k, other in enumerate(ops[:g])
+                      if members.intersection(other.ranks()) and _inside(other.box, op.box)}
+    return out
+
+
+def _inside(box: tuple, within: tuple) -> bool:
+    return all(w.start <= b.start and b.stop <= w.stop for b, w in zip(box, within))
