@@ -3,7 +3,10 @@ in global coordinates. The one place for sizes, cuts and box-relative slicing.""
 
 from __future__ import annotations
 
-__all__ = ["Box", "box_shape", "box_size", "boxes_overlap", "relative", "split_box"]
+__all__ = [
+    "Box", "box_inside", "box_intersection", "box_shape", "box_size", "boxes_overlap", "relative",
+    "split_box",
+]
 
 Box = tuple[slice, ...]
 """A rectangular region of a tensor: one ``slice(start, stop)`` per dimension."""
@@ -51,3 +54,14 @@ def relative(box: Box, within: Box) -> tuple[slice, ...]:
 def boxes_overlap(a: Box, b: Box) -> bool:
     """Whether two boxes share at least one element."""
     return all(x.start < y.stop and y.start < x.stop for x, y in zip(a, b))
+
+
+def box_inside(box: Box, within: Box) -> bool:
+    """Whether every element of ``box`` lies in ``within``."""
+    return all(w.start <= b.start and b.stop <= w.stop for b, w in zip(box, within))
+
+
+def box_intersection(a: Box, b: Box) -> Box | None:
+    """The elements two boxes share, as a box (None: none)."""
+    out = tuple(slice(max(x.start, y.start), min(x.stop, y.stop)) for x, y in zip(a, b))
+    return out if all(s.start < s.stop for s in out) else None

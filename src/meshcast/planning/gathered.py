@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..core.boxes import Box, box_size, split_box
+from ..core.boxes import Box, box_inside, box_intersection, box_size, split_box
 from ..core.ops import AllGather, Broadcast, Op, Send
 from ..core.task import ReshardTask, iter_slices
 from ..core.topology import Topology
@@ -118,10 +118,10 @@ def _rewritten(op: Send | Broadcast, part_of: dict[int, list[tuple[Box, Box, int
     same: dict[tuple, tuple[Box, list[tuple[int, int]]]] = {}  # one piece, its owners
     for r in dsts:
         mine = next(((part, k) for tile, part, k in part_of.get(r, ())
-                     if _inside(op.box, tile)), None)
+                     if box_inside(op.box, tile)), None)
         if mine is None:
             keep.append(r)
-        elif (piece := _intersection(op.box, mine[0])) is not None:
+        elif (piece := box_intersection(op.box, mine[0])) is not None:
             key = tuple((x.start, x.stop) for x in piece)
             same.setdefault(key, (piece, []))[1].append((mine[1], r))
     if len(keep) == len(dsts):
@@ -132,7 +132,7 @@ def _rewritten(op: Send | Broadcast, part_of: dict[int, list[tuple[Box, Box, int
                     else Broadcast(op.src, tuple(keep), op.box), []))
     if same:
         k0 = next(iter(same.values()))[1][0][0]
-        holders = next(h for box, h in used[k0][0].slices if _inside(op.box, box))
+        holders = next(h for box, h in used[k0][0].slices if box_inside(op.box, box))
         first = holders.index(op.src) if op.src in holders else 0
         for n, (piece, owners) in enumerate(same.values()):
             src, to = holders[(first + n) % len(holders)], tuple(r for _, r in owners)
@@ -206,12 +206,3 @@ def _grid(box: Box, inner: list[list[int]], counts: tuple[int, ...]) -> tuple[Bo
             first = j + 1
         edges.append([slice(a, b) for a, b in itertools.pairwise([lo, *chosen, hi])])
     return tuple(itertools.product(*edges))
-
-
-def _intersection(a: Box, b: Box) -> Box | None:
-    out = tuple(slice(max(x.start, y.start), min(x.stop, y.stop)) for x, y in zip(a, b))
-    return out if all(s.start < s.stop for s in out) else None
-
-
-def _inside(box: Box, within: Box) -> bool:
-    return all(w.start <= b.start and b.stop <= w.stop for b, w in zip(box, within))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.boxes import box_inside
 from ..core.ops import AllGather, Op
 from ..core.plan import Plan
 from ..core.task import ReshardTask
@@ -78,13 +79,11 @@ def _feeds(ops: tuple[Op, ...]) -> dict[int, set[int]]:
     """Per all-gather of ``ops`` (its index): the operations before it that take part with one
     of its members in a box inside its box (those that deliver what it re-joins, and more)."""
     out: dict[int, set[int]] = {}
+    seen: dict[int, list[int]] = {}  # rank -> the operations so far that it takes part in
     for g, op in enumerate(ops):
         if isinstance(op, AllGather):
-            members = set(op.group)
-            out[g] = {k for k, other in enumerate(ops[:g])
-                      if members.intersection(other.ranks()) and _inside(other.box, op.box)}
+            out[g] = {k for r in op.group for k in seen.get(r, ())
+                      if box_inside(ops[k].box, op.box)}
+        for r in op.ranks():
+            seen.setdefault(r, []).append(g)
     return out
-
-
-def _inside(box: tuple, within: tuple) -> bool:
-    return all(w.start <= b.start and b.stop <= w.stop for b, w in zip(box, within))
