@@ -156,13 +156,21 @@ def receiving_times(
     return np.where(_shares_a_tile(per_rank), np.minimum(one_by_one, gather), one_by_one)
 
 
+def _host_tiles(per_rank: RankTiles) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """The (destination tile, host) groups of the wanted entries: the number of hosts (the key
+    is ``tile * n_hosts + host``), the sorted group keys, each entry's group, and each group's
+    ranks (how many ranks of the host need the tile)."""
+    n_hosts = int(per_rank.host.max(initial=0)) + 1
+    key = per_rank.wanted_tile * n_hosts + per_rank.host[per_rank.wanted_rank]
+    groups, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
+    return n_hosts, groups, inverse.ravel(), counts
+
+
 def _shares_a_tile(per_rank: RankTiles) -> np.ndarray:
     """Per rank: another rank of its host needs one of its destination tiles (so the two may
     re-join it in an AllGather)."""
-    key = per_rank.wanted_tile * (int(per_rank.host.max(initial=0)) + 1) \
-        + per_rank.host[per_rank.wanted_rank]
-    _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
-    shared = counts[inverse.ravel()] > 1
+    _, _, entry_group, counts = _host_tiles(per_rank)
+    shared = counts[entry_group] > 1
     return np.bincount(per_rank.wanted_rank[shared], minlength=len(per_rank.host)) > 0
 
 
@@ -208,10 +216,8 @@ def _group_bound(per_rank: RankTiles, keys: np.ndarray, t: np.ndarray, lat: floa
     its own (a ``Send`` or ``Broadcast``: one slice at most), so one of them runs ``ceil(k / m)``
     such operations, and one more, an ``AllGather``, unless it takes all ``k`` itself (``k >= 2``:
     at least as many); ``k = 1``: one operation."""
-    n_hosts = int(per_rank.host.max(initial=0)) + 1
+    n_hosts, groups, _, m = _host_tiles(per_rank)
     n_dst = len(per_rank.receivers)
-    group = per_rank.wanted_tile * n_hosts + per_rank.host[per_rank.wanted_rank]
-    groups, m = np.unique(group, return_counts=True)
     j_rank, j_pair = _held_by_receivers(per_rank, keys)
     held = np.unique(j_pair * n_hosts + per_rank.host[j_rank])  # (pair, host): a member holds it
     held_group = t[held // n_hosts] * n_hosts + held % n_hosts
