@@ -5,6 +5,7 @@ re-join several unit slices; the simulator's all-gathers inside one host (issue 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -62,10 +63,11 @@ def shared_tile_tasks(draw) -> mc.ReshardTask:
 @given(st.one_of(shared_tile_tasks(), tasks()), st.sampled_from(["p3.8xlarge", "h100x8"]),
        st.sampled_from([1, 4096]))
 def test_gathered_plans_deliver_and_never_beat_the_bound(task, preset, scale):
-    """Every fixed broadcast plan with its tile groups gathered, in its order and in phase
-    rounds, and auto's plan, pass the plan check and simulate at or above the lower bound, whose
-    rank and host terms allow all-gathers that re-join several slices (small tensors, where
-    start-ups bind, and 4096 times larger ones)."""
+    """Every fixed broadcast plan with its tile groups gathered (a part per receiver, and
+    cells replicated), in its order and in phase rounds, and auto's plan, pass the plan check
+    and simulate at or above the lower bound, whose rank, group and host terms allow
+    all-gathers that re-join several slices (small tensors, where start-ups bind, and 4096
+    times larger ones)."""
     task = mc.ReshardTask((task.shape[0] * scale, *task.shape[1:]) if task.shape else (),
                           task.dtype, task.src, task.dst)
     topo = mc.Topology.preset_for_meshes(preset, task.src.mesh, task.dst.mesh)
@@ -73,13 +75,14 @@ def test_gathered_plans_deliver_and_never_beat_the_bound(task, preset, scale):
     bound = mc.lower_bound(task, topo)
     for balance in ("none", "size", "order"):
         plan = mc.plan(task, topo, strategy="broadcast", balance=balance)
-        ops = gathered(plan.ops, groups)
-        if ops is None:
-            continue
-        for order in (ops, phase_rounds(ops)):
-            cut = mc.Plan(task, order, "broadcast", balance, topo, plan.fallbacks)
-            cut.check()
-            assert mc.simulate(cut).time_s >= bound
+        for replicate in (False, True):
+            ops = gathered(plan.ops, groups, replicate=replicate)
+            if ops is None:
+                continue
+            for order in (ops, phase_rounds(ops)):
+                cut = mc.Plan(task, order, "broadcast", balance, topo, plan.fallbacks)
+                cut.check()
+                assert mc.simulate(cut).time_s >= bound
     auto = mc.plan(task, topo, cache=False)
     auto.check()
     assert mc.simulate(auto).time_s >= bound
@@ -89,8 +92,9 @@ def test_gathered_plans_deliver_and_never_beat_the_bound(task, preset, scale):
 @given(shared_tile_tasks(), st.sampled_from(["p3.8xlarge", "h100x8"]))
 def test_local_search_keeps_all_gathers_after_what_they_rejoin(task, preset):
     """The local search over a gathered plan moves operations earlier but never an all-gather
-    before an operation that delivers into its box on one of its members: every order it keeps
-    passes the plan check, and it is never slower than where it started."""
+    before an operation that delivers into its box on one of its members, and gives sends to
+    other holders of their boxes: every plan it keeps passes the plan check, and it is never
+    slower than where it started."""
     topo = mc.Topology.preset_for_meshes(preset, task.src.mesh, task.dst.mesh)
     plan = mc.plan(task, topo, strategy="broadcast", balance="none")
     ops = gathered(plan.ops, tile_groups(task, topo))
@@ -101,6 +105,34 @@ def test_local_search_keeps_all_gathers_after_what_they_rejoin(task, preset):
     searched = mc.Plan(task, found, "broadcast", "auto", topo)
     searched.check()
     assert mc.simulate(searched).time_s == time_s <= start
+
+
+def test_replicated_cells_broadcast_each_slice_to_one_rank_of_each_set():
+    """4 slices of one tile for the 8 ranks of a host (4 source ranks per host, 4 hosts): a part
+    per receiver cuts every slice in two (8 sends of half slices); replicated, the 8 ranks form
+    2 sets of 4, each slice goes to one rank of each set in one broadcast, and each set re-joins
+    the tile in its own all-gather. The pieces leave from the least busy holders: 7 hosts' 4
+    slices from 16 holders, at most 2 operations each. Prime receiver counts have no such
+    cells."""
+    src = mc.Layout(mc.Mesh.from_range(0, (4, 4)), "S1R")
+    dst = mc.Layout(mc.Mesh.from_range(16, (7, 8)), "RS0")
+    task = mc.ReshardTask((1082, 74), "int32", src, dst)
+    topo = mc.Topology.preset_for_meshes("p3.8xlarge", src.mesh, dst.mesh)
+    plan = mc.plan(task, topo, strategy="broadcast", balance="none")
+    ops = gathered(plan.ops, tile_groups(task, topo), replicate=True)
+    cut = mc.Plan(task, ops, "broadcast", "auto", topo)
+    cut.check()
+    gathers = [op for op in ops if isinstance(op, AllGather)]
+    assert len(gathers) == 14 and all(len(g.group) == 4 and len(g.parts) == 4 for g in gathers)
+    pieces = [op for op in ops if not isinstance(op, AllGather)]
+    assert len(pieces) == 28 and all(len(op.dsts) == 2 for op in pieces)
+    assert max(Counter(op.src for op in pieces).values()) == 2
+    assert mc.simulate(cut).time_s >= mc.lower_bound(task, topo)
+    three = mc.Layout(mc.Mesh.from_range(16, (7, 3)), "RS0")
+    task = mc.ReshardTask((1082, 74), "int32", src, three)
+    topo = mc.Topology.preset_for_meshes("p3.8xlarge", src.mesh, three.mesh)
+    plan = mc.plan(task, topo, strategy="broadcast", balance="none")
+    assert gathered(plan.ops, tile_groups(task, topo), replicate=True) is None
 
 
 def _many_small_slices() -> tuple[mc.ReshardTask, mc.Topology]:

@@ -239,14 +239,15 @@ def test_host_and_rank_bounds_when_every_rank_of_a_host_needs_every_slice():
     halves (issue 14: it may re-join several slices) a half costs the host at least the
     operation that brings it in (lat + tr) and its bytes on the other rank (b / 100 GB/s); a
     rank at least that all-gather and the operation that brings its part (2 * lat + both halves'
-    bytes at the fastest link); one of the two ranks runs ceil(2 / 2) + 1 operations."""
+    bytes at the fastest link); one of the two ranks runs ceil(2 / 2) + 1 operations, and the
+    two bring in both halves over the NIC: one of them at least (2 / 2 + 1) * lat + tr."""
     task, topo = _p3_task((25_000,), "int8", mc.Mesh.from_range(0, (2, 1)), "S0",
                           mc.Mesh.from_range(2, (1, 2)), "R")
     lat, tr, inside = 30e-6, 12_500 / (10 * GBIT), 12_500 / (800 * GBIT)
     lb = mc.lower_bound_details(task, topo)
     assert lb.host_s == pytest.approx(2 * (lat + tr + inside) / 2, rel=1e-12)
-    assert lb.rank_s == pytest.approx(min(2 * (lat + min(tr, lat)), 2 * lat + 2 * inside),
-                                      rel=1e-12)
+    assert lb.rank_s == pytest.approx(max(min(2 * (lat + min(tr, lat)), 2 * lat + 2 * inside),
+                                          2 * lat + tr), rel=1e-12)
     assert lb.seconds == pytest.approx(lb.rank_s, rel=1e-6)
     assert lb.seconds > lb.inbound_s + lb.latency_s
     # two broadcasts into the same two ranks, one after the other (no faster plan is known)
@@ -373,7 +374,8 @@ def test_auto_above_sim_limit_falls_back_to_simulation(number, preset):
 
 def test_local_search_keeps_a_permutation_and_never_slows():
     """The local search of auto moves operations earlier and keeps a move only when the
-    simulated time drops: the result is a permutation, no slower, and deterministic."""
+    simulated time drops: where every slice has one holder the result is a permutation, no
+    slower, and deterministic."""
     task, topo = _p3_task((96, 64), "float32", mc.Mesh.from_range(0, (3, 2)), "S0S1",
                           mc.Mesh.from_range(6, (2, 2)), "S1S0")
     ops = mc.plan(task, topo, strategy="send_recv").ops[::-1]
@@ -387,6 +389,28 @@ def test_local_search_keeps_a_permutation_and_never_slows():
                                       task.src))
     assert np.array_equal(mc.gather(out, task.dst, task.shape),
                           np.arange(96 * 64, dtype=np.float32).reshape(96, 64))
+
+
+def test_local_search_gives_sends_to_idle_holders():
+    """Two one-rank hosts hold the whole tensor; four one-rank hosts need a quarter each. All
+    four sends from rank 0 run one after another (4 x (lat + tr)); the search gives two of them
+    to rank 1, the other holder: 2 x (lat + tr), the lower bound. Every sender it picks holds
+    the box (plan check), and the data arrive exactly."""
+    task, topo = _p3_task((50_000,), "int8", mc.Mesh.from_range(0, (2, 1)), "R",
+                          mc.Mesh.from_range(2, (4, 1)), "S0")
+    ops = tuple(mc.Send(0, 2 + k, (slice(12_500 * k, 12_500 * (k + 1)),)) for k in range(4))
+    lat, tr = 30e-6, 12_500 / (10 * GBIT)
+    assert mc.simulate(mc.Plan(task, ops, "send_recv", "auto", topo)).time_s == pytest.approx(
+        4 * (lat + tr), rel=1e-12)
+    found, t = local_search(task, topo, ops, "send_recv")
+    plan = mc.Plan(task, found, "send_recv", "auto", topo)
+    plan.check()
+    assert sorted(op.src for op in found) == [0, 0, 1, 1]
+    assert t == mc.simulate(plan).time_s == pytest.approx(2 * (lat + tr), rel=1e-12)
+    assert t == pytest.approx(mc.lower_bound(task, topo), rel=1e-9)
+    x = np.arange(50_000, dtype=np.int8)
+    out = mc.execute_local(plan, mc.scatter(x, task.src))
+    assert np.array_equal(mc.gather(out, task.dst, task.shape), x)
 
 
 def test_simulate_refuses_an_allgather_with_an_empty_part():

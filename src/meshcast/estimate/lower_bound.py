@@ -23,11 +23,13 @@
   it holds some of what it needs, and its bytes at the fastest link. The ``m >= 2`` ranks of a
   host that need one tile, ``k`` of whose slices none of them holds, run ``k`` transfers at
   least (one slice each), so one of them ``ceil(k / m)`` and an all-gather (unless it runs all
-  ``k``). On the sending side, the k holders of a source tile (they hold no other tile) run at
-  least one operation per slice of it that must move (n in all), each paying ``latency`` and
-  carrying at most one slice of the tile, at most at the fastest link (one NIC's rate for a
-  slice none of whose receivers sits on a holder host): the least time in which k holders can
-  do that, counting operations in whole numbers, is
+  ``k``); and the bytes of those slices no rank of the host holds cross its inbound NIC into
+  one of them, so one of them is busy at least ``(k / m + 1) * lat + bytes / (m * NIC)``
+  (the mean; one that runs all ``k`` even longer). On the sending side, the k holders of a
+  source tile (they hold no other tile) run at least one operation per slice of it that must
+  move (n in all), each paying ``latency`` and carrying at most one slice of the tile, at most
+  at the fastest link (one NIC's rate for a slice none of whose receivers sits on a holder
+  host): the least time in which k holders can do that, counting operations in whole numbers, is
   :func:`~meshcast.estimate.rank_bounds.holders_bound` (e.g. 7 slices of 15 us from 5 holders
   with 30 us start-ups: two operations on every holder, 81 us, where spreading the start-ups
   evenly gave 63 us). These terms matter for small tensors cut into many small slices.

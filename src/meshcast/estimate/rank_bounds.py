@@ -207,15 +207,23 @@ def rank_bound(
         x_max[s[runs]] = np.maximum.reduceat(move, runs)
     per_tile = holders_bound(n_tile, holders, x_tile, x_max, lat)
     return float(max(per_rank_s.max(initial=0.0), per_tile.max(initial=0.0),
-                     _group_bound(per_rank, keys, t, lat)))
+                     _group_bound(topology, per_rank, keys, t, nbytes, held_host)))
 
 
-def _group_bound(per_rank: RankTiles, keys: np.ndarray, t: np.ndarray, lat: float) -> float:
-    """The start-ups of the ``m >= 2`` ranks of a host that need one destination tile, ``k`` of
-    whose slices none of them holds: each of those slices reaches one of them in an operation of
-    its own (a ``Send`` or ``Broadcast``: one slice at most), so one of them runs ``ceil(k / m)``
-    such operations, and one more, an ``AllGather``, unless it takes all ``k`` itself (``k >= 2``:
-    at least as many); ``k = 1``: one operation."""
+def _group_bound(topology: Topology, per_rank: RankTiles, keys: np.ndarray, t: np.ndarray,
+                 nbytes: np.ndarray, held_host: np.ndarray) -> float:
+    """The ``m >= 2`` ranks of a host that need one destination tile, ``k`` of whose slices none
+    of them holds: each of those slices reaches one of them in an operation of its own (a
+    ``Send`` or ``Broadcast``: one slice at most), so one of them runs ``ceil(k / m)`` such
+    operations, and one more, an ``AllGather``, unless it takes all ``k`` itself (``k >= 2``: at
+    least as many); ``k = 1``: one operation. With bytes (``k >= 2``): the ``B`` bytes of those
+    slices that no rank of the host holds cross its inbound NIC into one of them, each operation
+    at that NIC's rate at most; a rank in an all-gather that receives ``n_i`` operations of
+    ``b_i`` of those bytes is busy ``(n_i + 1) * lat + b_i / NIC`` at least, and the ``n_i`` add
+    up to ``k``, the ``b_i`` to ``B``, so the busiest at least the mean,
+    ``(k / m + 1) * lat + B / (m * NIC)``; a rank in none takes all: ``k * lat + B / NIC``,
+    no less."""
+    lat = topology.latency_us * 1e-6
     n_hosts, groups, _, m = _host_tiles(per_rank)
     n_dst = len(per_rank.receivers)
     j_rank, j_pair = _held_by_receivers(per_rank, keys)
@@ -224,7 +232,14 @@ def _group_bound(per_rank: RankTiles, keys: np.ndarray, t: np.ndarray, lat: floa
     n_held = np.bincount(np.searchsorted(groups, held_group), minlength=len(groups))
     k = np.bincount(t, minlength=n_dst)[groups // n_hosts] - n_held
     ops = np.where(k >= 2, -(-k // np.maximum(m, 1)) + 1, np.minimum(k, 1))
-    return float((np.where(m >= 2, ops, 0) * lat).max(initial=0.0))
+    counted = np.where(m >= 2, ops, 0) * lat
+    g_tile, g_host = groups // n_hosts, groups % n_hosts
+    e, e_pair = host_joins(keys, n_dst, held_host, g_host, g_tile)
+    off = np.maximum(np.bincount(t, nbytes, minlength=n_dst)[g_tile]
+                     - np.bincount(e, nbytes[e_pair], minlength=len(groups)), 0.0)
+    nic_in = np.array(topology.nic_in_gbps, dtype=float)[g_host] * GBIT
+    spread = np.where((m >= 2) & (k >= 2), (k / m + 1) * lat + off / (m * nic_in), 0.0)
+    return float(max(counted.max(initial=0.0), spread.max(initial=0.0)))
 
 
 def holders_bound(n: np.ndarray, k: np.ndarray, work: np.ndarray, most: np.ndarray,

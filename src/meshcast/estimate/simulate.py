@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.cache import BoundedCache
 from ..core.layout import box_size
-from ..core.plan import AllGather, Broadcast, Copy, Plan, Send
+from ..core.plan import AllGather, Broadcast, Copy, Op, Plan, Send
 from ..core.topology import Topology
 from ..core.units import GBIT
 from .events import run_events, run_makespan
@@ -121,14 +121,13 @@ def _chain_fill(route: tuple[int, ...], fan: bool, nics: _Nics) -> float:
     return sum(nics.hop / rate for rate in rates)
 
 
-def _op_model(plan: Plan, nics: _Nics) -> _Model:
-    """The columns of :class:`_Model` for ``plan``'s operations (KeyError: a rank off the
-    topology)."""
-    itemsize = plan.task.itemsize
+def _op_model(ops: Sequence[Op], itemsize: int, nics: _Nics) -> _Model:
+    """The columns of :class:`_Model` for operations ``ops`` of elements of ``itemsize`` bytes
+    (KeyError: a rank off the topology)."""
     host_of, gid, lat, intra, inf = nics.host_of, nics.gid, nics.lat, nics.intra, math.inf
     m = _Model([], [], [], [], [])
     ranks, nbytes, res, cap, lats = m
-    for op in plan.ops:
+    for op in ops:
         if isinstance(op, Send):
             src, dst = op.src, op.dst
             ranks.append((src, dst))
@@ -207,7 +206,7 @@ def _model_of(plans: Sequence[Plan], topology: Topology, nics: _Nics) -> _Model:
     """The operations of ``plans`` (one sequence, plan after plan); a ValueError naming the
     ranks the topology does not place, if any, before any other error of the plans."""
     try:
-        parts = [_op_model(plan, nics) for plan in plans]
+        parts = [_op_model(plan.ops, plan.task.itemsize, nics) for plan in plans]
     except Exception:
         topology.covers({r for plan in plans for op in plan.ops for r in op.ranks()})
         raise
@@ -240,12 +239,19 @@ def simulated_time(plan: Plan, topology: Topology | None = None, *,
 class OrderSimulator:
     """End times of ``plan``'s operations run in other orders (the same floats as
     :func:`simulate` of the reordered plan gives), its operations' model built once: for
-    searches over the order of one plan."""
+    searches over the order of one plan, and over single operations replaced."""
 
     def __init__(self, plan: Plan, topology: Topology | None = None) -> None:
         topology = _check_types([plan], topology)
         self._nics = _nics(topology)
         self._model = _model_of([plan], topology, self._nics)
+        self._itemsize = plan.task.itemsize
+
+    def replace(self, i: int, op: Op) -> None:
+        """Operation ``i`` of the plan is ``op`` from now on (the caller keeps it valid)."""
+        row = _op_model((op,), self._itemsize, self._nics)
+        for column, value in zip(self._model, row):
+            column[i] = value[0]
 
     def end_s(self, order: Sequence[int]) -> list[float]:
         """When each operation ends, per position of ``order`` (indices of the plan's
@@ -318,7 +324,7 @@ def time_floor(plan: Plan, topology: Topology) -> float:
     one latency. Linear in the plan's size; used to skip simulating plans that cannot win.
     """
     nics = _nics(topology)
-    return _floor(_op_model(plan, nics), nics)
+    return _floor(_op_model(plan.ops, plan.task.itemsize, nics), nics)
 
 
 def copy_send_floor(srcs: Sequence[int], dsts: Sequence[int], nbytes: Sequence[int],

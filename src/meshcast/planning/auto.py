@@ -144,15 +144,13 @@ def _without_allgathers(pool: _Pool) -> list[int]:
 
 def _gathered(pool: _Pool, i: int, groups: list[Group]) -> list[Candidate]:
     """Candidate ``i`` (no all-gathers) with the tile groups ``groups`` gathered
-    (:func:`~meshcast.planning.gathered.gathered`), in its order and in
-    :func:`~meshcast.planning.dispatch.phase_rounds` order (positions ``(4, j)``: they win only
-    where strictly faster)."""
+    (:func:`~meshcast.planning.gathered.gathered`; each receiver a part, then with cells
+    replicated), in its order and in :func:`~meshcast.planning.dispatch.phase_rounds` order
+    (positions ``(4, j)``: they win only where strictly faster)."""
     _, label, _, ops, fallbacks = pool.candidates[i]
-    cut = gathered(ops, groups)
-    if cut is None:
-        return []
+    cuts = [c for c in (gathered(ops, groups, replicate=r) for r in (False, True)) if c]
     return [((4, j), label, "gathered", o, fallbacks)
-            for j, o in enumerate((cut, phase_rounds(cut)))]
+            for j, o in enumerate(o for c in cuts for o in (c, phase_rounds(c)))]
 
 
 def _staggered(pool: _Pool, best: int) -> list[Candidate]:

@@ -10,8 +10,11 @@ one ``AllGather`` over the host's fast links: each rank pays about ``k / m + 1``
 the parts cross the NIC (or the receivers' own NICs) side by side. The ``"allgather"``
 strategy does this per slice, which pays the re-join per slice; :func:`gathered` does it per
 tile, on the operations of any plan without all-gathers, as candidates of ``"auto"``, kept only
-where they simulate faster. ``docs/scheduling.md`` (``auto``, step 8) has the measurements; the
-lower bound allows all-gathers of several slices (its section there).
+where they simulate faster. Where ``k < m`` parts would cut slices into pieces, the cells of a
+grid of whole slices may instead be replicated: the ranks form sets, each set a rank per cell
+and its own all-gather, and a cell goes to one rank of every set in one broadcast.
+``docs/scheduling.md`` (``auto``, step 8) has the measurements; the lower bound allows
+all-gathers of several slices (its section there).
 """
 
 from __future__ import annotations
@@ -69,37 +72,42 @@ def tile_groups(task: ReshardTask, topology: Topology) -> list[Group]:
     return groups
 
 
-def gathered(ops: Sequence[Op], groups: list[Group]) -> tuple[Op, ...] | None:
+def gathered(ops: Sequence[Op], groups: list[Group], *, replicate: bool = False
+             ) -> tuple[Op, ...] | None:
     """``ops`` (no ``AllGather`` among them) with every group of ``groups`` (:func:`tile_groups`)
     that can be cut into a part per receiver (:func:`_parts`) gathered: where an operation brings
     a box of the group's tile to some of its receivers, each of them gets, in its place, only the
     piece of that box that falls in its own part (the operation keeps its other receivers): one
-    ``Send``, or one ``Broadcast`` to the receivers of several hosts whose parts hold the same
-    piece, the distinct pieces of one operation from its sender and then the slice's other
-    holders in turn (parts of one slice leave over several NICs); the group's ``AllGather``
-    follows its last piece. The order of the plan stays; each receiver takes its part once and
-    re-joins the tile once. None where no group can be cut."""
+    ``Send``, or one ``Broadcast`` to the receivers whose parts hold the same piece; the distinct
+    pieces of one operation each from the holder of its slice that sends the fewest operations
+    so far (its sender first among equals, then the others in turn: parts of one slice leave over
+    several NICs); each group's ``AllGather`` follows its last piece. With ``replicate``, a
+    group whose tile has a grid of whole slices of ``c`` cells, ``c`` a divisor of its ``m``
+    receivers below ``m``, is gathered by ``m / c`` sets of ``c`` receivers, each a cell per
+    receiver and its own all-gather (a cell then goes to ``m / c`` receivers in one broadcast);
+    a group without such a grid is left as it is. The order of the plan stays. None where no
+    group is gathered."""
     if any(isinstance(op, AllGather) for op in ops):
         return None
-    part_of: dict[int, list[tuple[Box, Box, int]]] = {}  # receiver -> (tile, its part, group)
+    part_of: dict[int, list[tuple[Box, Box, int]]] = {}  # receiver -> (tile, its part, gather)
     used: list[tuple[Group, AllGather]] = []
     for g in groups:
-        parts = _parts(g)
-        if parts is not None:
-            for r, part in zip(g.receivers, parts):
+        for ranks, parts in _sets(g, replicate):
+            for r, part in zip(ranks, parts):
                 part_of.setdefault(r, []).append((g.box, part, len(used)))
-            used.append((g, AllGather(g.receivers, g.box, parts)))
+            used.append((g, AllGather(ranks, g.box, parts)))
     if not used:
         return None
     out: list[Op] = []
-    last = [0] * len(used)  # per group: how many operations precede its all-gather
+    last = [0] * len(used)  # per all-gather: how many operations precede it
+    sent: dict[int, int] = {}  # rank -> operations it sends so far
     for op in ops:
         if not isinstance(op, (Send, Broadcast)):
             out.append(op)
             continue
-        for piece, groups_fed in _rewritten(op, part_of, used):
+        for piece, fed in _rewritten(op, part_of, used, sent):
             out.append(piece)
-            for k in groups_fed:
+            for k in fed:
                 last[k] = len(out)
     after: dict[int, list[AllGather]] = {}
     for (_, gather), at in zip(used, last):
@@ -108,11 +116,26 @@ def gathered(ops: Sequence[Op], groups: list[Group]) -> tuple[Op, ...] | None:
                  for x in (*after.get(i, ()), *((out[i],) if i < len(out) else ())))
 
 
+def _sets(g: Group, replicate: bool) -> list[tuple[tuple[int, ...], tuple[Box, ...]]]:
+    """The sets of receivers that gather ``g`` and their parts (:func:`gathered`): one set of
+    all its receivers with :func:`_parts`, or with ``replicate`` the sets of :func:`_cells`;
+    none where there are no such parts."""
+    if not replicate:
+        parts = _parts(g)
+        return [] if parts is None else [(g.receivers, parts)]
+    cells = _cells(g)
+    if cells is None:
+        return []
+    c = len(cells)
+    return [(g.receivers[j:j + c], cells) for j in range(0, len(g.receivers), c)]
+
+
 def _rewritten(op: Send | Broadcast, part_of: dict[int, list[tuple[Box, Box, int]]],
-               used: list[tuple[Group, AllGather]]) -> list[tuple[Op, list[int]]]:
-    """``op`` as :func:`gathered` rewrites it, each operation with the groups it feeds: ``op``
-    itself where none of its receivers gathers its box, else ``op`` without them (if any are
-    left) and their pieces (module doc)."""
+               used: list[tuple[Group, AllGather]], sent: dict[int, int]
+               ) -> list[tuple[Op, list[int]]]:
+    """``op`` as :func:`gathered` rewrites it, each operation with the all-gathers it feeds:
+    ``op`` itself where none of its receivers gathers its box, else ``op`` without them (if any
+    are left) and their pieces, each from the least busy holder by ``sent`` (module doc)."""
     dsts = (op.dst,) if isinstance(op, Send) else op.dsts
     keep: list[int] = []
     same: dict[tuple, tuple[Box, list[tuple[int, int]]]] = {}  # one piece, its owners
@@ -124,21 +147,48 @@ def _rewritten(op: Send | Broadcast, part_of: dict[int, list[tuple[Box, Box, int
         elif (piece := box_intersection(op.box, mine[0])) is not None:
             key = tuple((x.start, x.stop) for x in piece)
             same.setdefault(key, (piece, []))[1].append((mine[1], r))
-    if len(keep) == len(dsts):
-        return [(op, [])]
     out: list[tuple[Op, list[int]]] = []
     if keep:
+        sent[op.src] = sent.get(op.src, 0) + 1
+        if len(keep) == len(dsts):
+            return [(op, [])]
         out.append((Send(op.src, keep[0], op.box) if len(keep) == 1
                     else Broadcast(op.src, tuple(keep), op.box), []))
     if same:
         k0 = next(iter(same.values()))[1][0][0]
         holders = next(h for box, h in used[k0][0].slices if box_inside(op.box, box))
         first = holders.index(op.src) if op.src in holders else 0
-        for n, (piece, owners) in enumerate(same.values()):
-            src, to = holders[(first + n) % len(holders)], tuple(r for _, r in owners)
+        turn = holders[first:] + holders[:first]
+        for piece, owners in same.values():
+            src = min(turn, key=lambda h: sent.get(h, 0))
+            turn = turn[1:] + turn[:1]
+            sent[src] = sent.get(src, 0) + 1
+            to = tuple(r for _, r in owners)
             out.append((Send(src, to[0], piece) if len(to) == 1 else Broadcast(src, to, piece),
                         [k for k, _ in owners]))
     return out
+
+
+def _cells(g: Group) -> tuple[Box, ...] | None:
+    """The grid of whole unit slices of ``g``'s tile with the most cells ``c`` below the
+    number ``m`` of its receivers, ``c >= 2`` dividing ``m`` (the grid whose largest cell is
+    smallest among those of ``c`` cells); None where there is none."""
+    m, inner = len(g.receivers), _boundaries(g)
+    return next((grid for c in range(m // 2, 1, -1) if not m % c
+                 if (grid := _best_grid(g.box, inner, c)) is not None), None)
+
+
+def _boundaries(g: Group) -> list[list[int]]:
+    """Per dimension, the starts of ``g``'s unit slices inside its tile (sorted)."""
+    return [sorted({b[d].start for b, _ in g.slices} - {g.box[d].start})
+            for d in range(len(g.box))]
+
+
+def _best_grid(box: Box, inner: list[list[int]], c: int) -> tuple[Box, ...] | None:
+    """Of the grids of ``c`` cells at the boundaries ``inner`` (:func:`_grid`), the one whose
+    largest cell is smallest; None where the boundaries allow none."""
+    grids = [_grid(box, inner, counts) for counts in _factorings(c, [len(x) + 1 for x in inner])]
+    return min(grids, key=lambda parts: max(box_size(p) for p in parts)) if grids else None
 
 
 def _parts(g: Group) -> tuple[Box, ...] | None:
@@ -151,10 +201,10 @@ def _parts(g: Group) -> tuple[Box, ...] | None:
     box, m = g.box, len(g.receivers)
     if not box:
         return None
-    inner = [sorted({b[d].start for b, _ in g.slices} - {box[d].start}) for d in range(len(box))]
-    grids = [_grid(box, inner, counts) for counts in _factorings(m, [len(x) + 1 for x in inner])]
-    if grids:
-        return min(grids, key=lambda parts: max(box_size(p) for p in parts))
+    inner = _boundaries(g)
+    grid = _best_grid(box, inner, m)
+    if grid is not None:
+        return grid
     d = max(range(len(box)), key=lambda x: (len(inner[x]), -x))
     return _runs_cut(box, d, inner[d], m) or split_box(box, m)
 
