@@ -174,8 +174,11 @@ def _cells(g: Group) -> tuple[Box, ...] | None:
     number ``m`` of its receivers, ``c >= 2`` dividing ``m`` (the grid whose largest cell is
     smallest among those of ``c`` cells); None where there is none."""
     m, inner = len(g.receivers), _boundaries(g)
-    return next((grid for c in range(m // 2, 1, -1) if not m % c
-                 if (grid := _best_grid(g.box, inner, c)) is not None), None)
+    for c in range(m // 2, 1, -1):
+        grid = None if m % c else _best_grid(g.box, inner, c)
+        if grid is not None:
+            return grid
+    return None
 
 
 def _boundaries(g: Group) -> list[list[int]]:
