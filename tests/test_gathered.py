@@ -14,7 +14,7 @@ from strategies import specs, tasks
 
 import meshcast as mc
 from meshcast.core.ops import AllGather, Copy, Send
-from meshcast.planning.dispatch import phase_rounds
+from meshcast.planning.dispatch import dispatched, phase_rounds
 from meshcast.planning.gathered import Group, _parts, gathered, tile_groups
 from meshcast.planning.local_search import local_search
 
@@ -64,10 +64,10 @@ def shared_tile_tasks(draw) -> mc.ReshardTask:
        st.sampled_from([1, 4096]))
 def test_gathered_plans_deliver_and_never_beat_the_bound(task, preset, scale):
     """Every fixed broadcast plan with its tile groups gathered (a part per receiver, and
-    cells replicated), in its order and in phase rounds, and auto's plan, pass the plan check
-    and simulate at or above the lower bound, whose rank, group and host terms allow
-    all-gathers that re-join several slices (small tensors, where start-ups bind, and 4096
-    times larger ones)."""
+    cells replicated), in its order, in phase rounds and dispatched again, and auto's plan,
+    pass the plan check and simulate at or above the lower bound, whose rank, group and host
+    terms allow all-gathers that re-join several slices (small tensors, where start-ups bind,
+    and 4096 times larger ones)."""
     task = mc.ReshardTask((task.shape[0] * scale, *task.shape[1:]) if task.shape else (),
                           task.dtype, task.src, task.dst)
     topo = mc.Topology.preset_for_meshes(preset, task.src.mesh, task.dst.mesh)
@@ -79,7 +79,7 @@ def test_gathered_plans_deliver_and_never_beat_the_bound(task, preset, scale):
             ops = gathered(plan.ops, groups, replicate=replicate)
             if ops is None:
                 continue
-            for order in (ops, phase_rounds(ops)):
+            for order in (ops, phase_rounds(ops), dispatched(ops, topo, task.itemsize)):
                 cut = mc.Plan(task, order, "broadcast", balance, topo, plan.fallbacks)
                 cut.check()
                 assert mc.simulate(cut).time_s >= bound

@@ -6,14 +6,13 @@ order of :data:`~meshcast.planning.dispatch.ORDERS` plus seeded dispatch trials 
 of slices with equal holders and receivers, :mod:`.classes`), the vectorised plans of
 :mod:`.large`, every fixed strategy x balance plan (so ``"auto"`` is never slower than any of
 them, up to float rounding), and the fastest rewritten (tiles gathered, :mod:`.gathered`;
-starts staggered, :mod:`.stagger`); then a seeded local search over the order when the best is
-far above the lower bound. They are built in stages,
-and planning stops when the rest cannot matter: the best meets the lower bound, or is close to
-it and no fixed plan can be faster (:mod:`.floors`). Above
-:data:`~meshcast.planning.budgets.AUTO_SIM_LIMIT` unit slices one vectorised plan is built; it
-is kept when its exact time meets the lower bound, and otherwise compared with the fixed
-combinations, skipping each one whose quick time floor shows it cannot be faster. Pure: seeded,
-bounded by counts. See ``docs/scheduling.md``.
+starts staggered, :mod:`.stagger`); then a seeded local search over the order and the senders
+when the best is far above the lower bound. They are built in stages, and planning stops when
+the rest cannot matter: the best meets the lower bound, or is close to it and no fixed plan
+can be faster (:mod:`.floors`). Above :data:`~meshcast.planning.budgets.AUTO_SIM_LIMIT` unit
+slices one vectorised plan is built; it is kept when its exact time meets the lower bound, and
+otherwise compared with the fixed combinations, skipping each one whose quick time floor shows
+it cannot be faster. Pure: seeded, bounded by counts. See ``docs/scheduling.md``.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ from .budgets import (
     CERTIFY_TOL,
     FLOOR_TOL,
 )
-from .dispatch import phase_rounds
+from .dispatch import dispatched, phase_rounds
 from .fixed import STRATEGIES, fixed_plan
 from .floors import first_holder_floor, strategy_floors
 from .gathered import Group, gathered, tile_groups
@@ -143,14 +142,15 @@ def _without_allgathers(pool: _Pool) -> list[int]:
 
 
 def _gathered(pool: _Pool, i: int, groups: list[Group]) -> list[Candidate]:
-    """Candidate ``i`` (no all-gathers) with the tile groups ``groups`` gathered
-    (:func:`~meshcast.planning.gathered.gathered`; each receiver a part, then with cells
-    replicated), in its order and in :func:`~meshcast.planning.dispatch.phase_rounds` order
-    (positions ``(4, j)``: they win only where strictly faster)."""
+    """Candidate ``i`` (no all-gathers) with the tile groups ``groups`` gathered (a part per
+    receiver, then cells replicated: :func:`~meshcast.planning.gathered.gathered`), each in its
+    order, in phase rounds and dispatched again (:mod:`~meshcast.planning.dispatch`), at
+    positions ``(4, j)``: they win only where strictly faster."""
     _, label, _, ops, fallbacks = pool.candidates[i]
     cuts = [c for c in (gathered(ops, groups, replicate=r) for r in (False, True)) if c]
-    return [((4, j), label, "gathered", o, fallbacks)
-            for j, o in enumerate(o for c in cuts for o in (c, phase_rounds(c)))]
+    orders = [o for c in cuts
+              for o in (c, phase_rounds(c), dispatched(c, pool.topology, pool.task.itemsize))]
+    return [((4, j), label, "gathered", o, fallbacks) for j, o in enumerate(orders)]
 
 
 def _staggered(pool: _Pool, best: int) -> list[Candidate]:
@@ -167,20 +167,24 @@ def _staggered(pool: _Pool, best: int) -> list[Candidate]:
 
 
 def _searched(pool: _Pool, own: OwnMethod | None) -> tuple[Plan, float] | None:
-    """The local search from the fastest candidate (its all-gathers kept after what they
-    re-join); for our own method's plans on classes, the search of the order of one pass. The
-    plan found and its simulated time (None: no candidate)."""
+    """The faster of the local searches from the fastest candidate and from the fastest with
+    other operations (where a search ends depends on where it starts); for our own method's
+    plans on classes, the search of one pass's order. The plan and its time (None: none)."""
     if not pool.candidates:
         return None
-    task, topology = pool.task, pool.topology
-    position, label, _, ops, fallbacks = pool.candidates[pool.best()]
-    virtual = None if own is None else own.virtual_ops(position)
-    if virtual is None:
-        ops, t = local_search(task, topology, ops, label)
-        return Plan(task, ops, label, "auto", topology, fallbacks), t
-    ops = search_in_passes(task, topology, own.classes, virtual, label)
-    found = Plan(task, ops, label, "auto", topology, fallbacks)
-    return found, simulated_time(found, topology)
+    task, topology, best = pool.task, pool.topology, pool.best()
+    virtual = None if own is None else own.virtual_ops(pool.candidates[best][0])
+    if virtual is not None:
+        _, label, _, _, fallbacks = pool.candidates[best]
+        ops = search_in_passes(task, topology, own.classes, virtual, label)
+        found = Plan(task, ops, label, "auto", topology, fallbacks)
+        return found, simulated_time(found, topology)
+    others = [i for i, c in enumerate(pool.candidates) if c[3] != pool.candidates[best][3]]
+    runs = [(local_search(task, topology, pool.candidates[i][3], pool.candidates[i][1]), i)
+            for i in (best, *([pool.fastest(others)] if others else ()))]
+    (ops, t), i = min(runs, key=lambda run: run[0][1])  # ties: the fastest candidate's
+    _, label, _, _, fallbacks = pool.candidates[i]
+    return Plan(task, ops, label, "auto", topology, fallbacks), t
 
 
 class _FixedStage:

@@ -13,11 +13,12 @@ import numpy as np
 
 from ..core.boxes import box_size
 from ..core.ops import AllGather, Copy, Op
+from ..core.topology import Topology
 from .fair_share import fair_share_dispatch
-from .items import Item
+from .items import Item, op_items
 
 __all__ = [
-    "ORDERS", "busiest_resource_work", "dispatch", "first_fit_rounds", "order_items",
+    "ORDERS", "busiest_resource_work", "dispatch", "dispatched", "first_fit_rounds", "order_items",
     "phase_rounds",
 ]
 
@@ -90,6 +91,17 @@ def phase_rounds(ops: Sequence[Op]) -> tuple[Op, ...]:
                                 sorted(range(len(phase)), key=lambda i: (-size[i], i)))
         out += [phase[i] for i in sorted(range(len(phase)), key=lambda i: (slot[i], -size[i], i))]
     return tuple(out)
+
+
+def dispatched(ops: Sequence[Op], topology: Topology, itemsize: int) -> tuple[Op, ...]:
+    """``ops`` in three phases, as :func:`phase_rounds` has them, the sends and broadcasts in the
+    order of the non-delay :func:`dispatch` of their items
+    (:func:`~meshcast.planning.items.op_items`): for plans whose operations a rewrite changed
+    (``"auto"``'s gathered tiles), scheduled again as ``"auto"`` schedules its own."""
+    items = op_items(ops, topology, itemsize)
+    lat = topology.latency_us * 1e-6
+    return (*(op for op in ops if isinstance(op, Copy)), *dispatch(items, lat, queue_on_nic=True),
+            *(op for op in ops if isinstance(op, AllGather)))
 
 
 def order_items(items: list[Item], order: str, lat: float = 0.0) -> list[Op]:

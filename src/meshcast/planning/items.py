@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..core.boxes import Box, box_size, split_box
@@ -18,7 +19,7 @@ from ..core.topology import Topology
 from ..core.units import GBIT
 from ..estimate.lower_bound import LowerBound
 
-__all__ = ["Item", "Nets", "OwnItems", "own_items"]
+__all__ = ["Item", "Nets", "OwnItems", "op_items", "own_items"]
 
 STRIPE_SHARE = 4
 """A slice is striped over its holders' NICs when it is larger than 1/4 of a source NIC's fair
@@ -149,6 +150,16 @@ def own_items(
     for sl in sorted(slices, key=lambda s: (-s.nbytes, s.index)):
         builder.add(sl)
     return OwnItems(builder.items, builder.used_p2p, builder.striped, builder.chunked)
+
+
+def op_items(ops: Sequence[Op], topology: Topology, itemsize: int) -> list[Item]:
+    """An item per ``Send`` and ``Broadcast`` of ``ops`` (elements of ``itemsize`` bytes), each
+    receiving host of a broadcast led as in :func:`own_items`; an item's ``order`` is its
+    operation's index."""
+    nets = Nets(topology)
+    return [_broadcast_item(nets, op.src, [op.dst] if isinstance(op, Send) else list(op.dsts),
+                            op.box, box_size(op.box) * itemsize, k)
+            for k, op in enumerate(ops) if isinstance(op, (Send, Broadcast))]
 
 
 class _OwnItems:
