@@ -36,8 +36,8 @@ def _all_to_all(hosts: int, shape: tuple[int, int]) -> mc.ReshardTask:
 def test_phase_model_values():
     """Closed form: Latin rounds ``rounds * (lat + per_nic * transfer)``; g groups ``rounds *
     (lat + per_nic / g * transfer) + (2 g - 2) lat`` where the g turns fit in a round (the
-    fewest groups within 1 % of the least); 2 (with the NIC as the bottleneck) where none
-    fit."""
+    fewest groups within 1 % of the least); the least divisor of per_nic (with the NIC as the
+    bottleneck) where none fit."""
     g, phased, latin = phase_model(8, 64, LAT, 4e-6)  # g = 8 is modelled 0.6 % faster
     assert g == 4
     assert phased == pytest.approx(64 * (LAT + 2 * 4e-6) + 6 * LAT, rel=1e-12)
@@ -45,6 +45,26 @@ def test_phase_model_values():
     assert phase_model(8, 8, LAT, 4e-6)[0] == 2  # few rounds: extra start-ups do not pay
     g, phased, _ = phase_model(4, 16, LAT, 20e-6)  # 80 us of transfers > 30 + 20 us: no fit
     assert g == 2 and phased == pytest.approx(16 * 80e-6 + 2 * LAT, rel=1e-12)
+    g, phased, _ = phase_model(3, 3, LAT, 20e-6)  # 60 us > 30 + 20 us, and 2 does not divide 3
+    assert g == 3 and phased == pytest.approx(3 * 60e-6 + 4 * LAT, rel=1e-12)
+
+
+def test_phased_order_where_no_group_count_fits():
+    """Three ranks per NIC whose transfers do not fit in a start-up: the phased order takes
+    three groups, the least divisor (two groups raised an IndexError before), and the plan
+    moves the data exactly."""
+    src = mc.Layout(mc.Mesh.from_range(3, (3,)), "S0R")
+    dst = mc.Layout(mc.Mesh.from_range(0, (3,)), "RS0")
+    task = mc.ReshardTask((16384, 3), "int32", src, dst)
+    topo = mc.Topology(hosts=((3, 4, 5), (0, 1, 2)), nic_in_gbps=(10.0, 10.0),
+                       nic_out_gbps=(10.0, 10.0), nics_per_host=(1, 1), intra_gbps=800.0,
+                       latency_us=30.0)
+    phased = large_plan(task, topo)[2]
+    assert phased is not None
+    x = np.arange(16384 * 3, dtype=np.int32).reshape(16384, 3)
+    for plan in (phased, mc.plan(task, topo)):
+        out = mc.execute_local(plan, mc.scatter(x, task.src))
+        assert mc.gather(out, task.dst).tobytes() == x.tobytes()
 
 
 def test_phased_order_with_four_groups():

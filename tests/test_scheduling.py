@@ -18,9 +18,10 @@ from meshcast.core.task import iter_slices
 from meshcast.core.units import GBIT
 from meshcast.estimate.lower_bound import host_matrix
 from meshcast.estimate.rank_bounds import holders_bound, rank_tiles, receiving_times
-from meshcast.planning.auto import auto_plan, one_remote_receiver
+from meshcast.planning.auto import auto_plan
 from meshcast.planning.budgets import AUTO_SIM_LIMIT, CERTIFY_TOL, SEARCH_NODE_BUDGET
 from meshcast.planning.dispatch import dispatch, order_items
+from meshcast.planning.fixed_stage import one_remote_receiver
 from meshcast.planning.floors import strategy_floors
 from meshcast.planning.items import own_items
 from meshcast.planning.large import large_plan

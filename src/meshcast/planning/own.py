@@ -42,8 +42,9 @@ Candidate = tuple[tuple, str, str, tuple[Op, ...], tuple]
 """(position, strategy label, where it comes from, operations, fallbacks). Positions order the
 candidates for ties: our own variants in :data:`OWN_VARIANTS` order ``(0, k)``, then the seeded
 trials ``(1, c, k)``, the vectorised plans ``(2, j)``, the fixed combinations ``(3, s, b)``, then
-the best of those without all-gathers with its tiles gathered ``(4,)`` (:mod:`.gathered`) and the
-best of all with its starts staggered ``(5, k)`` (:mod:`.stagger`)."""
+the best of those without all-gathers with its tiles gathered ``(4,)`` (:mod:`.gathered`), the
+best of all with its starts staggered ``(5, k)`` (:mod:`.stagger`) and the best after our own
+variants with its starts staggered ``(6, k)``."""
 
 
 class OwnMethod:

@@ -177,8 +177,9 @@ def phase_model(per_nic: int, rounds: int, lat: float, transfer: float) -> tuple
     the lead pieces add ``g - 1`` start-ups in the first epoch and one in each later one
     (:func:`epoch_cuts`): ``rounds * (lat + q * transfer) + (2 g - 2) * lat``. The fewest
     groups within :data:`FEWER_GROUPS` of the least such time; where no ``g`` fits (the NIC is
-    the bottleneck) ``g = 2`` and ``rounds * max(per_nic * transfer, lat + q * transfer) + 2 *
-    lat`` (halves still hide part of each start-up)."""
+    the bottleneck) the least divisor ``g`` (2 for an even ``per_nic``) and ``rounds *
+    max(per_nic * transfer, lat + q * transfer) + (2 g - 2) * lat`` (halves still hide part of
+    each start-up)."""
     latin = rounds * (lat + per_nic * transfer)
     costs = {}
     for g in range(2, per_nic + 1):
@@ -186,7 +187,9 @@ def phase_model(per_nic: int, rounds: int, lat: float, transfer: float) -> tuple
         if per_nic % g == 0 and per_nic * transfer <= lat + q * transfer:
             costs[g] = rounds * (lat + q * transfer) + (2 * g - 2) * lat
     if not costs:
-        return 2, rounds * max(per_nic * transfer, lat + per_nic // 2 * transfer) + 2 * lat, latin
+        g = next(g for g in range(2, per_nic + 1) if per_nic % g == 0)
+        return g, (rounds * max(per_nic * transfer, lat + per_nic // g * transfer)
+                   + (2 * g - 2) * lat), latin
     least = min(costs.values())
     g = min(g for g, c in costs.items() if c <= least * (1 + FEWER_GROUPS))
     return g, costs[g], latin
