@@ -107,7 +107,11 @@ def test_version():
 PLAN = ["plan", "--shape", "8,8", "--src", "2:S0R", "--dst", "2@2:RS0"]
 BAD = [
     # (argv, the flag the one line must name, a piece of its rule)
-    ([*PLAN, "--topology", "uniform:0"], "--topology", ">= 1"),
+    ([*PLAN, "--topology", "uniform:0"], "--topology", "from 1 to 4194304"),
+    # a host is built rank by rank: 10^20 raised OverflowError, 2^63 - 1 MemoryError, 10^9 ran
+    # for minutes
+    ([*PLAN, "--topology", "uniform:99999999999999999999"], "--topology", "from 1 to 4194304"),
+    ([*PLAN, "--topology", "uniform:1000000000"], "--topology", "from 1 to 4194304"),
     ([*PLAN, "--topology", "uniform:x"], "--topology", "integer"),
     ([*PLAN, "--topology", "p4"], "--topology", "preset"),
     ([*PLAN, "--topology", "uniform:2", "--timeline", "/no/such/dir/x.png"], "--timeline",
@@ -202,7 +206,8 @@ def test_bad_flag_is_one_line_naming_it(capsys, argv, flag, rule):
 @pytest.mark.parametrize(
     "argv, flag, rule",
     [
-        ([*PLAN, "--topology", "uniform:0"], "--topology", ">= 1"),
+        ([*PLAN, "--topology", "uniform:0"], "--topology", "from 1 to 4194304"),
+        ([*PLAN, "--topology", "uniform:9223372036854775807"], "--topology", "from 1 to 4194304"),
         ([*PLAN, "--topology", "uniform:2", "--timeline", "/no/such/dir/x.png"], "--timeline",
          "exists"),
         (["bench", "planner", "--tasks", "-1"], "--tasks", ">= 0"),

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
+from ..core.mesh import MAX_MESH_RANKS
 from ..core.task import ReshardTask
 from ..core.topology import PRESETS, Topology, preset_links
 
@@ -185,9 +186,10 @@ def layout_arg(text: str):
 
 
 def topology_spec(text: str) -> str:
-    """``--topology``: a preset name or ``uniform:D`` with D >= 1 devices per host."""
+    """``--topology``: a preset name or ``uniform:D`` with 1 <= D <= :data:`MAX_MESH_RANKS`
+    devices per host (a host is built rank by rank: a larger D took minutes or all memory)."""
     if text.startswith("uniform:"):
-        integer(1)(text.split(":", 1)[1])  # raises with the rule
+        integer(1, MAX_MESH_RANKS)(text.split(":", 1)[1])  # raises with the rule
         return text
     if text in PRESETS:
         return text
