@@ -63,6 +63,12 @@ def agree(
     }
     try:
         records, verdict = _gather(call, {**record, "rank": call.me}, here, abort)
+    except KeyboardInterrupt:  # Ctrl-C: the peers refuse at once instead of waiting for it
+        with contextlib.suppress(Exception):
+            _call_off(call, call.key, {"ok": False, "by": call.me, "reason": (
+                f"rank {call.me} was interrupted (KeyboardInterrupt) in the input agreement")})
+            _refused(call, here)
+        raise
     except Exception as exc:  # the store itself failed
         _refused(call, here)
         raise ReshardError(
@@ -319,13 +325,20 @@ def refuse_early(group: object, me: int, what: str, family: str | None = None) -
     initialised process group."""
     from .board import next_step, skip_number, store_of
 
-    if family is not None:
-        skip_number(group, family)
+    number = skip_number(group, family) if family is not None else None
     refusal = {"step": next_step(group), "family": "", "number": -1, "ranks": [], "what": what}
     here = {"call": "", "family": "", "number": -1, "step": refusal["step"], "ranks": [],
             "what": what, "state": "refused", "refusals": _recent_refusals(group, refusal)}
     with contextlib.suppress(Exception):
-        store_of(group).set(Call.at_key(me), json.dumps(here))
+        store = store_of(group)
+        store.set(Call.at_key(me), json.dumps(here))
+        if number is not None:  # the name used up is settled: a peer whose count of the family
+            # lags (it refused another family at an earlier step) renumbers past it (_gather)
+            key = f"meshcast/c/{family}/{number}"
+            verdict = {"ok": False, "by": me, "step": refusal["step"],
+                       "reason": f"rank {me} refused its call before joining it ({what})"}
+            store.compare_set(f"{key}/verdict", "", json.dumps(verdict))
+            store.append(f"{key}/records", json.dumps({"called_off": True}) + "\n")
 
 
 def _ranks(ranks: list[int] | tuple[int, ...]) -> str:

@@ -94,13 +94,15 @@ def family_of(ranks: Sequence[int], plan_digest: str) -> str:
     return f"{ranks_digest(tuple(ranks))}/{plan_digest}"
 
 
-def skip_number(group: dist.ProcessGroup, family: str) -> None:
+def skip_number(group: dist.ProcessGroup, family: str) -> int:
     """Use up this process's next call number of ``family`` without a call (a call refused
     before it could be made), so that its next call of the family has the name its peers give
-    theirs."""
+    theirs; the number used up."""
     with _counter_lock:
         numbers = _group_calls(group).numbers
-        numbers[family] = numbers.get(family, 0) + 1
+        number = numbers.get(family, 0)
+        numbers[family] = number + 1
+        return number
 
 
 def next_step(group: dist.ProcessGroup) -> int:

@@ -16,6 +16,7 @@ from .blame import diagnose
 from .board import Call, family_of, next_step
 from .detect import real_host_map
 from .errors import ReshardError
+from .interrupt import interrupts_as_failures
 from .joint import JointGroup
 from .overlap import may_share_memory
 from .p2p import Failures, Links
@@ -33,6 +34,7 @@ __all__ = [
     "MAX_TIMEOUT",
     "TRANSPORTS",
     "call_family",
+    "end_call",
     "failure",
     "finish_call",
     "not_a_member",
@@ -243,13 +245,10 @@ def _transfer(
     links = Links(group, me, to_global, hosts, float(timeout))
     moves = (PointToPoint(_intra(transport)[0] or "socket") if transport == "p2p"
              else Collectives(group, to_global))
-    Runner(plan, me, src, out, links, moves, failures, chunk_bytes, max_inflight_bytes,
-           ordered).run()
-    try:
-        finish_call(call, failures)
-    except ReshardError:
-        release_segments()  # a failed peer's shared memory goes once no survivor maps it
-        raise
+    with interrupts_as_failures(failures) as interrupted:
+        Runner(plan, me, src, out, links, moves, failures, chunk_bytes, max_inflight_bytes,
+               ordered).run()
+    end_call(call, failures, interrupted[0])
     return into if into is not None else None if out is None else out.view(torch_dtype(task.dtype))
 
 
@@ -342,6 +341,19 @@ def finish_call(call: Call, failures: Failures) -> None:
                 f"cannot be trusted", call.ranks) from exc
     if flagged:
         raise failure(call, failures)
+
+
+def end_call(call: Call, failures: Failures, interrupted: bool) -> None:
+    """:func:`finish_call`, and after a failure drop the cached shared memory (a failed peer's
+    goes once no survivor maps it); ``KeyboardInterrupt`` (from the call's error) where this
+    rank was ``interrupted`` (interrupt.py)."""
+    try:
+        finish_call(call, failures)
+    except ReshardError as exc:
+        release_segments()
+        if interrupted:
+            raise KeyboardInterrupt(str(exc)) from exc
+        raise
 
 
 def failure(call: Call, failures: Failures) -> ReshardError:

@@ -26,12 +26,11 @@ from ..planning.many import DEFAULT_BUCKET_BYTES, build_schedule
 from .agree import agree
 from .board import Call, next_step
 from .detect import real_host_map
-from .errors import ReshardError
 from .exchange import Exchange, ManyStats, is_maker
 from .execute import (
     DEFAULT_TIMEOUT,
     call_family,
-    finish_call,
+    end_call,
     not_a_member,
     pick_device,
     plan_digest,
@@ -39,10 +38,10 @@ from .execute import (
     require_distributed,
     timeout_problem,
 )
+from .interrupt import interrupts_as_failures
 from .joint import JointGroup, group_rank, group_size, to_global_of
 from .overlap import shared_pair
 from .p2p import Failures, Links
-from .segments import release_segments
 from .shm import intra_setting
 from .tensors import check_local, check_out, torch_dtype
 
@@ -183,12 +182,9 @@ def run_many(
     failures = Failures(call, float(timeout))
     run = Exchange(plans, schedule, me, tensors, outs, dev, links, failures, overlap, label,
                    intra or "socket")
-    run.run()
-    try:
-        finish_call(call, failures)
-    except ReshardError:
-        release_segments()  # a failed peer's shared memory goes once no survivor maps it
-        raise
+    with interrupts_as_failures(failures) as interrupted:
+        run.run()
+    end_call(call, failures, interrupted[0])
     _last.put("last", run.stats)
     return [given if given is not None else None if o is None else o.view(torch_dtype(p.task.dtype))
             for o, p, given in zip(run.outs, plans, outs)]
