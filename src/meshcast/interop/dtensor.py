@@ -235,6 +235,31 @@ def as_dtensor(
     )
 
 
+def _task_and_plan(
+    dt: DTensor, device_mesh: DeviceMesh, placements: Sequence[Any], reduce_partial: str,
+    plan: Plan | None, topology: Topology | None, strategy: str | None, balance: str | None,
+) -> tuple[ReshardTask, Plan | None]:
+    """The task of :func:`reshard_dtensor`'s arguments and the plan to run (``plan`` checked
+    against the task, or planned); the plan is None on a rank outside both meshes. Raises
+    ``TypeError``/``ValueError`` for arguments it cannot read."""
+    if not isinstance(dt, DTensor):
+        raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
+    task = dtensor_task(dt, device_mesh, placements, reduce_partial)
+    if plan is not None and plan.task != task:
+        raise ValueError(
+            f"plan is for {plan.task.describe()}, but dt and the destination give {task.describe()}"
+        )
+    me = dist.get_rank()
+    if task.src.mesh.position(me) is None and task.dst.mesh.position(me) is None:
+        return task, None
+    if plan is None:
+        if balance is None:  # meshcast.plan's defaults (plan_many's would be a joint plan)
+            balance = "auto" if strategy is None else "none"
+        (plan,) = plan_many([task], resolve_topology(topology), strategy=strategy,
+                            balance=balance)
+    return task, plan
+
+
 def reshard_dtensor(
     dt: DTensor,
     device_mesh: DeviceMesh,
@@ -262,28 +287,26 @@ def reshard_dtensor(
     :func:`meshcast.reshard_many`, which runs the plan. The result is a new tensor that does not
     require grad.
     """
-    from ..runtime.execute import DEFAULT_TIMEOUT
-    from ..runtime.many import run_many
+    from ..runtime.execute import DEFAULT_TIMEOUT, publish_refusal
+    from ..runtime.many import agree_before, run_many
 
-    task = dtensor_task(dt, device_mesh, placements, reduce_partial)
-    me = dist.get_rank()
-    in_src = task.src.mesh.position(me) is not None
-    in_dst = task.dst.mesh.position(me) is not None
-    if plan is not None and plan.task != task:
-        raise ValueError(
-            f"plan is for {plan.task.describe()}, but dt and the destination give {task.describe()}"
-        )
-    if not (in_src or in_dst):
+    try:  # what this rank alone gets wrong is told to the others before they wait for it
+        task, plan = _task_and_plan(dt, device_mesh, placements, reduce_partial, plan,
+                                    topology, strategy, balance)
+    except (TypeError, ValueError) as exc:
+        publish_refusal(None, exc)
+        raise
+    if plan is None:  # this rank is outside both meshes
         return None
-    if plan is None:
-        if balance is None:  # meshcast.plan's defaults (plan_many's would be a joint plan)
-            balance = "auto" if strategy is None else "none"
-        (plan,) = plan_many([task], resolve_topology(topology), strategy=strategy,
-                            balance=balance)
+    in_dst = task.dst.mesh.position(dist.get_rank()) is not None
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    if any(placement_kind(p) == "partial" for p in dt.placements):
+        agree_before([plan], "reducing dt's Partial placements on its mesh", timeout=timeout,
+                     caller="meshcast.reshard_dtensor")
     errors: list[str] = []
     local = source_shard(dt, placements, reduce_partial, errors, "dt")
     device = torch.device(device_mesh.device_type) if device_mesh.device_type == "cpu" else None
-    (out,) = run_many([local], [plan], timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+    (out,) = run_many([local], [plan], timeout=timeout,
                       device=device, names=["dt"], errors=errors,
                       caller="meshcast.reshard_dtensor", **runtime_options)
     if not in_dst:

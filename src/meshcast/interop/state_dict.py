@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
+from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..planning.many import DEFAULT_BUCKET_BYTES, plan_many
@@ -75,16 +74,17 @@ def reshard_state_dict(
             for name in state_dict if name not in layouts
         ]
         dtensor_form = any(_is_dtensor(v) for v in state_dict.values())
-        tasks, locals_ = _entries(state_dict, layouts, dtensor_form, reduce_partial, errors)
+        tasks = _tasks(state_dict, layouts, dtensor_form, reduce_partial)
         plans = plan_many(tasks, resolve_topology(topology), strategy=strategy, balance=balance)
     except (TypeError, ValueError) as exc:
         publish_refusal(None, exc)
         raise
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     outs = run_many(
-        locals_,
+        _sources(state_dict, layouts, plans, dtensor_form, reduce_partial, errors, timeout),
         plans,
         bucket_bytes=bucket_bytes,
-        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+        timeout=timeout,
         names=[f"state_dict[{n!r}]" for n in names],
         errors=errors,
         caller="meshcast.reshard_state_dict",
@@ -97,16 +97,43 @@ def reshard_state_dict(
     return result
 
 
-def _entries(
+def _sources(
+    state_dict: Mapping[str, Any], layouts: Mapping[str, Any], plans: list[Plan],
+    dtensor_form: bool, reduce_partial: str, errors: list[str], timeout: float,
+) -> list[Any]:
+    """This rank's source shard of every name of ``layouts``, in order. Partial DTensors are
+    reduced on their meshes (collectives) only once every rank of the plans has agreed to go
+    ahead: a rank that refused its arguments would leave its peers waiting in the reduction, or
+    pair it with the reduction of its next call. A reduction that cannot be computed goes to
+    ``errors`` (:func:`meshcast.interop.dtensor.source_shard`)."""
+    from ..runtime.many import agree_before
+    from .dtensor import source_shard
+
+    if not dtensor_form:
+        return [state_dict.get(name) for name in layouts]
+    if any(_is_partial(state_dict[name]) for name in layouts):
+        agree_before(plans, "reducing Partial placements of the state dict on their meshes",
+                     timeout=timeout, caller="meshcast.reshard_state_dict", errors=errors)
+    return [source_shard(state_dict[name], spec[1], reduce_partial, errors,
+                         f"state_dict[{name!r}]") for name, spec in layouts.items()]
+
+
+def _is_partial(dt: Any) -> bool:
+    """Whether DTensor ``dt`` has a Partial placement (reduced on its mesh before it moves)."""
+    from .dtensor_spec import placement_kind
+
+    return any(placement_kind(p) == "partial" for p in dt.placements)
+
+
+def _tasks(
     state_dict: Mapping[str, Any], layouts: Mapping[str, Any], dtensor_form: bool,
-    reduce_partial: str, errors: list[str],
-) -> tuple[list[ReshardTask], list[torch.Tensor | None]]:
-    """The task and this rank's source shard of every name of ``layouts``, in order (a Partial
-    source that cannot be reduced goes to ``errors``, raised on every rank by the runtime)."""
-    from .dtensor import dtensor_task, source_shard
+    reduce_partial: str,
+) -> list[ReshardTask]:
+    """The task of every name of ``layouts``, in order; raises ``TypeError``/``ValueError`` for
+    an entry it cannot read, naming it."""
+    from .dtensor import dtensor_task
 
     tasks: list[ReshardTask] = []
-    locals_: list[torch.Tensor | None] = []
     for name, spec in layouts.items():
         value = state_dict.get(name)
         if not dtensor_form:
@@ -116,7 +143,6 @@ def _entries(
                     f"destination layouts) for a plain tensor, got {type(spec).__name__}"
                 )
             tasks.append(spec)
-            locals_.append(value)
             continue
         if not _is_dtensor(value):
             raise TypeError(
@@ -131,6 +157,4 @@ def _entries(
             tasks.append(dtensor_task(value, spec[0], spec[1], reduce_partial))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"layouts[{name!r}]: {exc}") from None
-        locals_.append(source_shard(value, spec[1], reduce_partial, errors,
-                                    f"state_dict[{name!r}]"))
-    return tasks, locals_
+    return tasks

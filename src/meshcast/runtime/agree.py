@@ -61,8 +61,15 @@ def agree(
         "ranks": list(call.ranks), "what": record["what"], "state": "agreeing",
         "refusals": _recent_refusals(call.group),
     }
+    refusals = here["refusals"]
+    record = {**record, "rank": call.me, "step": call.step,
+              "refused_at": refusals[-1]["step"] if refusals else None}
     try:
-        records, verdict = _gather(call, {**record, "rank": call.me}, here, abort)
+        records, verdict = _gather(call, record, here, abort)
+        if not verdict["ok"] and verdict.get("by") is None and call.me in _strays(records):
+            call.renumber()  # this rank's call met the one it refused: join its own partners
+            here["call"], here["number"] = call.key, call.number
+            records, verdict = _gather(call, record, here, abort)
     except KeyboardInterrupt:  # Ctrl-C: the peers refuse at once instead of waiting for it
         with contextlib.suppress(Exception):
             _call_off(call, call.key, {"ok": False, "by": call.me, "reason": (
@@ -275,6 +282,11 @@ def _compare(call: Call, records: dict[int, dict]) -> str | None:
     mine = records[call.me]
     if mine["error"] is not None:
         return mine["error"]
+    late = _strays(records)
+    if late:
+        return (f"ranks {late} refused this call before joining it and came on to their next "
+                f"call, which met this one: this call is refused on every rank, and theirs "
+                f"waits for its own partners")
     plans = [q for q in call.ranks if records[q]["plan"] != mine["plan"]]
     if plans:
         q = plans[0]
@@ -300,6 +312,16 @@ def _compare(call: Call, records: dict[int, dict]) -> str | None:
         return (f"ranks {bad} passed inputs that do not fit the plans (rank {bad[0]}: "
                 f"{first['error']})")
     return None
+
+
+def _strays(records: dict[int, dict]) -> list[int]:
+    """The ranks whose record belongs to their next call: each refused a call early, at a step
+    where a peer of this call is (its arguments were unusable, so it never joined that call),
+    and came straight on to its next call of the same plans, under the name of the call it
+    refused. Read from the records alone, so every rank finds the same."""
+    steps = {rec.get("step") for rec in records.values()}
+    return sorted(q for q, rec in records.items() if rec.get("refused_at") is not None
+                  and rec["refused_at"] == rec.get("step", 0) - 1 and rec["refused_at"] in steps)
 
 
 def _recent_refusals(group: object, add: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -45,7 +45,7 @@ from .p2p import Failures, Links
 from .shm import intra_setting
 from .tensors import check_local, check_out, torch_dtype
 
-__all__ = ["ManyStats", "last_many_stats", "reshard_many", "run_many"]
+__all__ = ["ManyStats", "agree_before", "last_many_stats", "reshard_many", "run_many"]
 
 _last: BoundedCache[str, ManyStats] = BoundedCache(
     "runtime.last_many_stats", 1, "the counters of this process's last reshard_many call")
@@ -188,6 +188,34 @@ def run_many(
     _last.put("last", run.stats)
     return [given if given is not None else None if o is None else o.view(torch_dtype(p.task.dtype))
             for o, p, given in zip(run.outs, plans, outs)]
+
+
+def agree_before(plans: Sequence[Plan], before: str, *, timeout: float, caller: str,
+                 errors: Sequence[str] = ()) -> None:
+    """Agree with every rank of ``plans`` on the plans (and this rank's ``errors``, messages
+    naming the tensor and the rule) before this rank does ``before``, a collective step of its
+    own on some of those ranks that must not start where a peer refuses the call (the reduction
+    of a Partial DTensor source on its mesh: a peer that refused its arguments would leave the
+    others waiting in that collective, or pair it with its next one). Raises ``ValueError`` on
+    every rank of the plans as :func:`run_many`'s agreement does; nothing on a rank outside
+    them. :func:`run_many` with the same plans then agrees again, as its own call."""
+    bad = timeout_problem(timeout)
+    if bad is not None:
+        exc = ValueError(bad)
+        publish_refusal(None, exc)
+        raise exc
+    plans = list(plans)
+    me, ranks = dist.get_rank(), sorted({r for p in plans for r in p.ranks})
+    if not plans or me not in ranks:
+        return
+    digest = _plans_digest(plans)
+    call = Call(dist.group.WORLD, ranks, me, caller, float(timeout), digest)
+    error = None
+    if errors:
+        error = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+    agree(call, {"plan": digest, "error": error, "options": {"before": before}, "names": None,
+                 "what": f"{len(plans)} plans (digest {digest}), the first "
+                         f"{plans[0].task.describe()}, before {before}"})
 
 
 def _hosts(plans: list[Plan], ranks: Sequence[int], group: object) -> dict[int, int]:
