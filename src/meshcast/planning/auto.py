@@ -6,7 +6,8 @@ order of :data:`~meshcast.planning.dispatch.ORDERS` plus seeded dispatch trials 
 of slices with equal holders and receivers, :mod:`.classes`), the vectorised plans of
 :mod:`.large`, every fixed strategy x balance plan (so ``"auto"`` is never slower than any of
 them, up to float rounding), and the fastest rewritten (tiles gathered, :mod:`.gathered`;
-starts staggered, :mod:`.stagger`, also the fastest of our own variants); then a seeded local
+sends cut into sender-balanced pieces, :mod:`.balanced`; starts staggered, :mod:`.stagger`,
+also the fastest of our own variants); then a seeded local
 search over the order and the senders when the best is far above the lower bound. They are
 built in stages, and planning stops when the rest cannot matter: the best meets the lower
 bound, or is close to it and no fixed plan can be faster (:mod:`.floors`,
@@ -27,6 +28,7 @@ from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound, lower_bound_details
 from ..estimate.simulate import simulated_time
+from .balanced import balanced
 from .budgets import AUTO_GOOD_ENOUGH, AUTO_SEARCH_GAP, AUTO_SIM_LIMIT, CERTIFY_TOL
 from .dispatch import dispatched, phase_rounds
 from .fixed_stage import FixedStage
@@ -98,8 +100,9 @@ def auto_plan(
 
 def _finished(pool: CandidatePool, own: OwnMethod | None, lbd: LowerBound) -> Plan:
     """The plan when the stages did not stop the work: above ``AUTO_GOOD_ENOUGH`` over the
-    bound, the fastest candidate without all-gathers with its tiles gathered, and the fastest of
-    all with its starts staggered, as candidates; then, above ``AUTO_SEARCH_GAP``, the local
+    bound, the fastest candidate without all-gathers with its tiles gathered, then the fastest
+    of all with its sends in sender-balanced pieces, then the fastest of all with its starts
+    staggered, as candidates; then, above ``AUTO_SEARCH_GAP``, the local
     search; the fastest of all."""
     best = pool.best()
     if pool.times[best] > lbd.unmargined_s * (1 + AUTO_GOOD_ENOUGH):
@@ -107,6 +110,7 @@ def _finished(pool: CandidatePool, own: OwnMethod | None, lbd: LowerBound) -> Pl
         free = _without_allgathers(pool)
         if groups and free:
             pool.add(_gathered(pool, pool.fastest(free), groups))
+        pool.add(_balanced(pool, pool.best()))
         pool.add(_staggered(pool, pool.best()))
         best = pool.best()
     if pool.times[best] > AUTO_SEARCH_GAP * lbd.unmargined_s:
@@ -133,6 +137,19 @@ def _gathered(pool: CandidatePool, i: int, groups: list[Group]) -> list[Candidat
     orders = [o for c in cuts
               for o in (c, phase_rounds(c), dispatched(c, pool.topology, pool.task.itemsize))]
     return [((4, j), label, "gathered", o, fallbacks) for j, o in enumerate(orders)]
+
+
+def _balanced(pool: CandidatePool, best: int) -> list[Candidate]:
+    """Candidate ``best`` with its sends cut into sender-balanced pieces
+    (:func:`~meshcast.planning.balanced.balanced`), in its order and dispatched again
+    (:func:`~meshcast.planning.dispatch.dispatched`: the pieces move the NICs' turns), at
+    positions ``(7, j)``: they win only where strictly faster."""
+    _, label, _, ops, fallbacks = pool.candidates[best]
+    cut = balanced(ops, pool.task, pool.topology)
+    if cut is None:
+        return []
+    orders = (cut, dispatched(cut, pool.topology, pool.task.itemsize))
+    return [((7, j), label, "balanced", o, fallbacks) for j, o in enumerate(orders)]
 
 
 def _staggered(pool: CandidatePool, best: int, first: int = 5) -> list[Candidate]:

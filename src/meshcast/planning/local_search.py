@@ -16,7 +16,7 @@ from ..estimate.simulate import OrderSimulator
 from .budgets import AUTO_SEARCH_BUDGET, AUTO_SEARCH_STEPS, SEED, seeded_rng
 from .classes import SliceClasses
 
-__all__ = ["local_search", "search_in_passes"]
+__all__ = ["local_search", "other_holders", "search_in_passes"]
 
 
 def local_search(
@@ -32,7 +32,7 @@ def local_search(
     Seeded; at most :data:`AUTO_SEARCH_STEPS` moves and :data:`AUTO_SEARCH_BUDGET` simulated
     operations in all. Returns the best operations and their simulated time.
     """
-    order, t, found = _search_order(task, topology, ops, label, _other_holders(task, ops))
+    order, t, found = _search_order(task, topology, ops, label, other_holders(task, ops))
     return tuple(found[k] for k in order), t
 
 
@@ -93,7 +93,7 @@ def _search_order(
     return cur, t, found
 
 
-def _other_holders(task: ReshardTask, ops: tuple[Op, ...]) -> list[tuple[int, ...]]:
+def other_holders(task: ReshardTask, ops: tuple[Op, ...]) -> list[tuple[int, ...]]:
     """Per operation: the ranks other than its sender that could send it instead (a ``Send`` or
     ``Broadcast`` whose box lies in one unit slice: the slice's other holders, none of its
     receivers); none for the others."""
