@@ -30,8 +30,8 @@ from ..core.mesh import Mesh
 from ..core.names import Piece, Rule, map_weights
 from ..core.task import ReshardTask
 
-__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "match_mapping", "match_sides",
-           "merge_side", "shift_layout"]
+__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "describe_record", "match_mapping",
+           "match_sides", "merge_side", "params_problem", "shift_layout", "trainer_shard_problem"]
 
 NameMap = Mapping[str, str] | Callable[[str], str] | None
 """Trainer name -> engine name (None: the same names)."""
@@ -242,3 +242,48 @@ def match_mapping(
 def _names(names: list[str], mapped: Mapping[str, str]) -> str:
     return ", ".join(f"{n} (-> {mapped[n]})" if n in mapped and mapped[n] != n else n
                      for n in names)
+
+
+def describe_record(params: Mapping[str, Any], name_map: NameMap,
+                    mapping: Mapping[str, Rule] | None, job_size: int) -> dict[str, Any]:
+    """What this rank tells the others: its parameters' description and its mapping's digest
+    (or the error in its arguments)."""
+    import hashlib
+
+    try:
+        if name_map is not None and mapping is not None:
+            raise TypeError("give name_map (trainer name -> engine name) or mapping (engine "
+                            "name -> rule, with Fuse and Stack), not both")
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise TypeError(f"mapping must be a mapping of engine names to rules, got "
+                            f"{type(mapping).__name__}")
+        digest = None if mapping is None else hashlib.sha256(
+            repr(sorted(mapping.items(), key=lambda kv: str(kv[0]))).encode()).hexdigest()
+        return {"params": describe_params(params, job_size=job_size), "mapping": digest}
+    except (TypeError, ValueError) as exc:
+        return {"error": str(exc), "mapping": None}
+
+
+def params_problem(params: object, rank: int) -> list[str]:
+    """[why ``params`` is not a mapping] (an input error of the sync: every rank refuses)."""
+    if isinstance(params, Mapping):
+        return []
+    return [f"params must be a mapping of names to DTensors or local shards, got "
+            f"{type(params).__name__} on rank {rank}"]
+
+
+def trainer_shard_problem(shard: Any, route: Route, declared: str, me: int) -> str | None:
+    """Why ``shard`` cannot be this rank's part of ``route``'s trainer tensor (declared
+    ``declared``), checked before anything moves; None: it can."""
+    import torch
+
+    if shard is None:
+        return "is missing, and this rank holds part of it"
+    want = route.task.src_region(me).shape
+    if not isinstance(shard, torch.Tensor):
+        return f"must be a torch.Tensor, got {type(shard).__name__}"
+    if tuple(shard.shape) != want:
+        return f"has shape {tuple(shard.shape)}; its declared layout gives this rank {want}"
+    if str(shard.dtype).removeprefix("torch.") != declared:
+        return f"has dtype {shard.dtype}; it was declared {declared}"
+    return None

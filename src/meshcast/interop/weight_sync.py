@@ -23,11 +23,21 @@ import torch
 from ..core.names import Rule
 from ..planning.many import DEFAULT_BUCKET_BYTES, plan_many
 from ..runtime.errors import ReshardError
+from ..runtime.interrupt import Deferral, deferred_interrupts
 from ..runtime.joint import JointGroup
 from ..runtime.many import last_many_stats, run_many
 from .sync_fp8 import Fp8Block, combine, plan_fp8, scale_names, scale_targets, trainer_maker
-from .sync_spec import NameMap, Route, describe_params, match_mapping, match_sides, merge_side
-from .sync_store import WeightSyncError, commit, exchange, forget
+from .sync_spec import (
+    NameMap,
+    Route,
+    describe_record,
+    match_mapping,
+    match_sides,
+    merge_side,
+    params_problem,
+    trainer_shard_problem,
+)
+from .sync_store import WeightSyncError, begin, commit, exchange, forget, version_problem
 
 __all__ = ["Convert", "SyncResult", "WeightSync", "WeightSyncError"]
 
@@ -86,7 +96,8 @@ class WeightSync:
     ``bucket_bytes`` bounds each rank's staging of packed messages; ``timeout`` every wait;
     ``atomic`` (default) stages received shards and copies them into the parameters only once the
     sync succeeded everywhere (costs one copy of this engine rank's parameters, kept between
-    syncs); ``version``: what the engine's parameters hold now (None: unknown).
+    syncs); ``version``: what the engine's parameters hold now (None: unknown; every push's
+    version must be greater: docs/weight-sync.md, "Versions and atomicity").
     """
 
     def __init__(
@@ -105,10 +116,10 @@ class WeightSync:
         self.convert = _cast if convert is None else convert
         self.index = group.next_sync()  # this WeightSync's number on the group
         self.key = f"sync/{self.index}"
-        self.steps = 0
+        self.steps = self._tidy = 0  # syncs begun; the first whose records are kept
         self._staging: dict[str, torch.Tensor] = {}
         records = exchange(group, f"{self.key}/describe",
-                           _record(params, name_map, mapping, group.sizes[group.role]),
+                           describe_record(params, name_map, mapping, group.sizes[group.role]),
                            self.timeout)
         bad = [(j, r["error"]) for j, r in records.items() if "error" in r]
         if not bad:
@@ -164,18 +175,18 @@ class WeightSync:
 
     def push(self, params: Mapping[str, Any], version: int) -> SyncResult:
         """Trainer ranks: send ``params`` (``{name: DTensor, or this rank's local shard}``, the
-        names this rank holds) as ``version`` (an int, the same on every trainer rank). Returns
-        when every rank of both jobs has its part; raises :class:`WeightSyncError` (every rank)
-        when the sync failed, ``ValueError`` (every rank, nothing sent) for bad inputs."""
+        names this rank holds) as ``version`` (an int, the same on every trainer rank, greater
+        than the last version synced). Returns when every rank of both jobs has its part; raises
+        :class:`WeightSyncError` (every rank) when the sync failed, ``ValueError`` (every rank,
+        nothing sent) for bad inputs, a version against the rule included; Ctrl-C on any rank
+        fails the sync on every rank at once (``KeyboardInterrupt`` on that rank)."""
         self._check_role("trainer", "push")
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise TypeError(f"version must be an int, got {type(version).__name__}")
-        me, local, errors = self.group.me, {}, _params_problem(params, self.group.rank)
+        me, local, errors = self.group.me, {}, params_problem(params, self.group.rank)
         readable = not errors  # a mapping: every shard's problem is found
         for k, route in enumerate(self.routes):
             if route.task.src_region(me) is not None and readable:
                 local[k] = _local(params.get(route.source))
-                why = _trainer_shard_problem(local[k], route, self.dtypes[route.source], me)
+                why = trainer_shard_problem(local[k], route, self.dtypes[route.source], me)
                 if why is not None:
                     errors.append(f"params[{route.source!r}] {why} on trainer rank "
                                   f"{self.group.rank}")
@@ -188,9 +199,7 @@ class WeightSync:
         def prepare() -> None:  # the FP8 tensors' amax, before the weights move
             amax.update(combine(self.fp8, local, self.group, self.timeout)[0])
 
-        result = self._run(shards, [None] * len(shards), errors, version, "push", prepare)[0]
-        self.version = result.version  # what the engine holds now
-        return result
+        return self._run(shards, [None] * len(shards), errors, version, "push", prepare)[0]
 
     def _maker(self, name: str, shard: torch.Tensor, dtype: torch.dtype):
         """The shard converted to the wire's dtype when the transfer first needs it (so the
@@ -206,7 +215,7 @@ class WeightSync:
         :class:`WeightSyncError` on every rank, saying which version the parameters hold."""
         self._check_role("engine", "receive")
         me, targets = self.group.me, {}
-        errors = [] if params is None else _params_problem(params, self.group.rank)
+        errors = [] if params is None else params_problem(params, self.group.rank)
         params = params if not errors else None  # (reported: fresh tensors, never filled)
         for route in self.routes:
             if route.task.dst_region(me) is None or route.target in targets:
@@ -231,10 +240,13 @@ class WeightSync:
         outs = [None if r.task.dst_region(me) is None or into.get(r.target) is None
                 else into[r.target] if r.piece is None else r.piece.dst_view(into[r.target], me)
                 for r in self.routes]
-        result, got = self._run([None] * len(outs), outs, errors, None, "receive", prepare)
-        for name, target in targets.items():
-            if params is not None and target is not None and into[name] is not target:
-                target.copy_(into[name])  # the commit: every rank of both jobs succeeded
+        def apply() -> None:  # the commit: every rank of both jobs succeeded (SIGINT deferred)
+            for name, target in targets.items():
+                if params is not None and target is not None and into[name] is not target:
+                    target.copy_(into[name])
+
+        result, got = self._run([None] * len(outs), outs, errors, None, "receive", prepare,
+                                apply)
         for route, fresh in zip(self.routes, got):
             if route.target in targets:  # the caller's own object (a DTensor stays one)
                 result.tensors[route.target] = (
@@ -242,7 +254,6 @@ class WeightSync:
                     fresh if route.piece is None else targets[route.target])
         for name in scales:
             result.tensors[name] = targets[name] if params is None else params[name]
-        self.version = result.version
         return result
 
     def _whole(self, route: Route, target: torch.Tensor | None,
@@ -274,16 +285,64 @@ class WeightSync:
                              for n, t in targets.items() if t is not None}
         return {n: None if t is None else self._staging[n] for n, t in targets.items()}
 
-    def _run(self, shards: list, outs: list, errors: list[str], version: int | None,
-             what: str, prepare: Callable[[], None],
+    def _run(self, shards: list, outs: list, errors: list[str], version: object,
+             what: str, prepare: Callable[[], None], apply: Callable[[], None] | None = None,
              ) -> tuple[SyncResult, list[torch.Tensor | None]]:
+        """One sync on this rank: begin (every rank came, the version follows the rule), the
+        transfer, the commit, then ``apply`` (the engine's copy into its parameters), with
+        SIGINT deferred throughout: Ctrl-C fails the sync on every rank (unless it had already
+        succeeded everywhere) and raises ``KeyboardInterrupt`` here, naming it."""
         step, self.steps = self.steps, self.steps + 1
         caller = f"meshcast.WeightSync.{what}"
-        started = time.perf_counter()
+        with deferred_interrupts() as sigint:
+            try:
+                result, results = self._sync(step, shards, outs, errors, version, caller,
+                                             prepare, sigint)
+            except (ValueError, WeightSyncError) as exc:
+                if sigint.hit:
+                    raise KeyboardInterrupt(str(exc)) from exc
+                raise
+            if apply is not None:
+                apply()
+            self.version = result.version  # what the engine's parameters hold now
+            if sigint.hit:
+                raise KeyboardInterrupt(
+                    f"{caller} on {self.role} rank {self.group.rank} was interrupted (SIGINT, "
+                    f"Ctrl-C) once the sync of version {result.version} had succeeded on every "
+                    f"rank of both jobs: the engine's parameters hold version {result.version}")
+        return result, results
+
+    def _sync(self, step: int, shards: list, outs: list, errors: list[str], version: object,
+              caller: str, prepare: Callable[[], None], sigint: Deferral,
+              ) -> tuple[SyncResult, list[torch.Tensor | None]]:
+        key, me = f"{self.key}/step/{step}", self.group.describe([self.group.me])
+        bad = isinstance(version, bool) or not isinstance(version, int)
+        mine = {"last": self.version, "version": None if bad else version,
+                "sync": [self.index, step], "error": f"version must be an int, got "
+                f"{type(version).__name__}" if bad and self.role == "trainer" else None}
+        number, first = self.group.next_begin()  # met by any WeightSync of the group
+        records = begin(self.group, f"sync/begin/{number}", mine, self.timeout, self._kept(),
+                        caller, lambda: sigint.hit)
+        for old in range(first, number):  # every rank is done with the syncs before
+            forget(self.group, f"sync/begin/{old}", ("decision",))
+        for old in range(self._tidy, step):
+            forget(self.group, f"{self.key}/step/{old}")
+        self.group.begun_tidy(number)
+        self._tidy = step
+        # another WeightSync or step on some rank: refused by the transfer's agreement, named
+        alike = len({tuple(r["sync"]) for r in records.values()}) == 1
+        problem = version_problem(self.group, records) if alike else None
+        if problem is not None:
+            raise ValueError(f"{caller} on {self.role} rank {self.group.rank}: {problem}; "
+                             f"nothing was sent: {self._kept()}")
         failure: ReshardError | None = None
+        started = time.perf_counter()
         try:
             if self.fp8:
                 prepare()
+            if sigint.hit:  # refused on every rank: nothing moves
+                errors.insert(0, f"{me} was interrupted (KeyboardInterrupt: SIGINT, Ctrl-C) "
+                                 f"before the transfer")
             results = run_many(shards, self.plans, bucket_bytes=self.bucket_bytes,
                                timeout=self.timeout, names=[r.label for r in self.routes],
                                errors=errors, out=outs, group=self.group, caller=caller,
@@ -294,11 +353,17 @@ class WeightSync:
                              f"{self.group.legend()})") from None
         except ReshardError as exc:
             failure, results = exc, outs
+        except KeyboardInterrupt as exc:  # interrupted in the transfer: its failure, on the board
+            if not isinstance(exc.__cause__, ReshardError):
+                raise
+            failure, results = exc.__cause__, outs
+        if failure is None and sigint.hit:
+            failure = ReshardError(f"{me} was interrupted (KeyboardInterrupt: SIGINT, Ctrl-C) "
+                                   f"at the end of its transfers", (self.group.me,),
+                                   (self.group.me,))
         moved = time.perf_counter()
-        version = commit(self.group, f"{self.key}/step/{step}", version, failure, self.timeout,
-                         self._kept(), caller)
-        if step:
-            forget(self.group, f"{self.key}/step/{step - 1}")
+        version = commit(self.group, key, mine["version"], failure, self.timeout, self._kept(),
+                         caller, lambda: sigint.hit)
         staged = sum(t.numel() * t.element_size() for t in self._staging.values())
         return SyncResult(version, {}, moved - started, time.perf_counter() - moved, staged,
                           last_many_stats().peak_staging_bytes), results
@@ -319,50 +384,6 @@ class WeightSync:
 
 _MAPPINGS_DIFFER = ("the ranks were given different name mappings (WeightSync's mapping must be "
                     "the same on every rank of both jobs)")
-
-
-def _record(params: Mapping[str, Any], name_map: NameMap,
-            mapping: Mapping[str, Rule] | None, job_size: int) -> dict[str, Any]:
-    """What this rank tells the others: its parameters' description and its mapping's digest
-    (or the error in its arguments)."""
-    import hashlib
-
-    try:
-        if name_map is not None and mapping is not None:
-            raise TypeError("give name_map (trainer name -> engine name) or mapping (engine "
-                            "name -> rule, with Fuse and Stack), not both")
-        if mapping is not None and not isinstance(mapping, Mapping):
-            raise TypeError(f"mapping must be a mapping of engine names to rules, got "
-                            f"{type(mapping).__name__}")
-        digest = None if mapping is None else hashlib.sha256(
-            repr(sorted(mapping.items(), key=lambda kv: str(kv[0]))).encode()).hexdigest()
-        return {"params": describe_params(params, job_size=job_size), "mapping": digest}
-    except (TypeError, ValueError) as exc:
-        return {"error": str(exc), "mapping": None}
-
-
-def _params_problem(params: object, rank: int) -> list[str]:
-    """[why ``params`` is not a mapping] (an input error of the sync: every rank refuses)."""
-    if isinstance(params, Mapping):
-        return []
-    return [f"params must be a mapping of names to DTensors or local shards, got "
-            f"{type(params).__name__} on rank {rank}"]
-
-
-def _trainer_shard_problem(shard: torch.Tensor | None, route: Route, declared: str,
-                           me: int) -> str | None:
-    """Why ``shard`` cannot be this rank's part of ``route``'s trainer tensor (declared
-    ``declared``), checked before anything moves; None: it can."""
-    if shard is None:
-        return "is missing, and this rank holds part of it"
-    want = route.task.src_region(me).shape
-    if not isinstance(shard, torch.Tensor):
-        return f"must be a torch.Tensor, got {type(shard).__name__}"
-    if tuple(shard.shape) != want:
-        return f"has shape {tuple(shard.shape)}; its declared layout gives this rank {want}"
-    if str(shard.dtype).removeprefix("torch.") != declared:
-        return f"has dtype {shard.dtype}; it was declared {declared}"
-    return None
 
 
 def _dtype(task: Any) -> torch.dtype:

@@ -9,6 +9,11 @@ reported on the call's board as this rank's failure (by a short-lived thread: th
 while the main thread holds the failure lock); the rank then sends placeholders, as after any
 failure, so every rank finishes the call at once and its peers raise naming it, and this rank
 raises ``KeyboardInterrupt`` at the end of the call. A second SIGINT raises at once.
+
+A caller that does more than one call's transfers (a weight sync: its version exchange, the
+transfer, its commit; interop/weight_sync.py) defers SIGINT over the whole of it
+(:func:`deferred_interrupts`) and turns it into its failure where it can; a call made inside
+reports an interrupt that came before it at once, as its failure.
 """
 
 from __future__ import annotations
@@ -16,42 +21,87 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .p2p import Failures
 
-__all__ = ["INTERRUPTED", "interrupts_as_failures"]
+__all__ = ["INTERRUPTED", "Deferral", "deferred_interrupts", "interrupts_as_failures"]
 
 INTERRUPTED = "the middle of its transfers"
 """What the board says this rank was doing when it was interrupted."""
 
 
+class Deferral:
+    """One block in which SIGINT is deferred: ``hit`` once interrupted (within it, or before it
+    in a block around it); ``on_first`` runs at the first SIGINT."""
+
+    def __init__(self, on_first: Callable[[], None]) -> None:
+        self.hit = False
+        self.on_first = on_first
+
+
+_stack: list[Deferral] = []  # the blocks now open, innermost last (the main thread's)
+
+
+def _handler(signum: int, frame: object) -> None:
+    if any(scope.hit for scope in _stack):  # the second one: leave now
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt
+    for scope in _stack:
+        scope.hit = True
+    _stack[-1].on_first()
+
+
+@contextlib.contextmanager
+def _deferred(on_first: Callable[[], None]) -> Iterator[Deferral]:
+    scope = Deferral(on_first)
+    current = signal.getsignal(signal.SIGINT)
+    if (threading.current_thread() is not threading.main_thread()
+            or current not in (signal.default_int_handler, _handler)):
+        yield scope  # not the main thread, or the program handles SIGINT itself
+        return
+    pending = current is _handler and any(s.hit for s in _stack)
+    _stack.append(scope)
+    signal.signal(signal.SIGINT, _handler)
+    try:
+        if pending:  # interrupted before this block, in the one around it
+            scope.hit = True
+            on_first()
+        yield scope
+    finally:
+        _stack.remove(scope)
+        signal.signal(signal.SIGINT, current)
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[Deferral]:
+    """Within the block, the first SIGINT only sets the yielded :class:`Deferral`'s ``hit`` (the
+    block acts on it); a second raises ``KeyboardInterrupt`` at once. Calls made inside report
+    it as their failure (:func:`interrupts_as_failures`). Does nothing outside the main thread
+    or where the program installed its own SIGINT handler."""
+    with _deferred(lambda: None) as scope:
+        yield scope
+
+
 @contextlib.contextmanager
 def interrupts_as_failures(failures: Failures) -> Iterator[list[bool]]:
     """Within the block, a SIGINT is recorded in ``failures`` instead of raised (module
-    docstring); yields a one-item list, True once interrupted. Does nothing outside the main
-    thread or where the program installed its own SIGINT handler."""
+    docstring), as is one that came before it within :func:`deferred_interrupts`; yields a
+    one-item list, True (once the block ends) where this rank was interrupted. Does nothing
+    outside the main thread or where the program installed its own SIGINT handler."""
     state = [False]
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield state
-        return
     reporters: list[threading.Thread] = []
 
-    def handler(signum: int, frame: object) -> None:
-        if state[0]:  # the second one: leave now
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        state[0] = True
+    def report() -> None:
         reporter = threading.Thread(target=failures.error, name="meshcast-interrupt",
                                     args=(INTERRUPTED, KeyboardInterrupt("SIGINT (Ctrl-C)")))
         reporter.start()
         reporters.append(reporter)
 
-    signal.signal(signal.SIGINT, handler)
     try:
-        yield state
+        with _deferred(report) as scope:
+            yield state
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         for reporter in reporters:
             reporter.join()
+        state[0] = scope.hit

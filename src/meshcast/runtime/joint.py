@@ -58,6 +58,7 @@ class JointGroup:
         self._lock = threading.Lock()
         self.closed = False  # (disconnect closes it)
         self._syncs = 0
+        self._begun = [0, 0]  # weight syncs begun on the group; the first whose keys are kept
 
     # -- addressing ----------------------------------------------------------------------------
     def offset(self, role: str) -> int:
@@ -99,6 +100,19 @@ class JointGroup:
         with self._lock:
             self._syncs += 1
             return self._syncs
+
+    def next_begin(self) -> tuple[int, int]:
+        """A number for the next weight sync begun on this group, by any object (every rank
+        begins them in the same order), and the first earlier one whose start records are not
+        yet deleted (those from it on may be, once every rank has begun this one)."""
+        with self._lock:
+            self._begun[0] += 1
+            return self._begun[0], self._begun[1]
+
+    def begun_tidy(self, number: int) -> None:
+        """The start records before ``number`` are deleted (:meth:`next_begin`)."""
+        with self._lock:
+            self._begun[1] = max(self._begun[1], number)
 
     # -- backends ------------------------------------------------------------------------------
     def backend_group(self, device: torch.device | str | None = None) -> dist.ProcessGroup:
