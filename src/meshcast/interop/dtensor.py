@@ -244,6 +244,9 @@ def _task_and_plan(
     ``TypeError``/``ValueError`` for arguments it cannot read."""
     if not isinstance(dt, DTensor):
         raise TypeError(f"dt must be a torch DTensor, got {type(dt).__name__}")
+    if not isinstance(placements, (list, tuple)):  # DTensor's redistribute needs them too
+        raise TypeError(f"placements must be a list or tuple of placements, one per dimension "
+                        f"of the destination mesh, got {type(placements).__name__}")
     task = dtensor_task(dt, device_mesh, placements, reduce_partial)
     if plan is not None and plan.task != task:
         raise ValueError(
