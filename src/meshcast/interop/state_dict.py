@@ -147,7 +147,9 @@ def _tasks(
         if not _is_dtensor(value):
             raise TypeError(
                 f"state_dict[{name!r}] must be a DTensor like the other entries (every rank "
-                f"holds every DTensor in SPMD), got {type(value).__name__}"
+                f"holds every DTensor in SPMD), got {type(value).__name__}; a plain tensor "
+                f"that every rank holds alike (an optimizer's scalar 'step') moves as "
+                f"DTensor.from_local(t, mesh, [Replicate()])"
             )
         if not (isinstance(spec, tuple) and len(spec) == 2):
             raise TypeError(
