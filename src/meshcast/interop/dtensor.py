@@ -36,7 +36,7 @@ from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..planning.many import plan_many
-from .dtensor_spec import layout_from_spec, placement_kind
+from .dtensor_spec import has_partial, layout_from_spec, placement_kind
 
 __all__ = [
     "PARTIALS",
@@ -102,7 +102,7 @@ def _source_spec(dt: DTensor, reduced: tuple[Any, ...]) -> tuple[tuple[Any, ...]
     """``dt``'s placements after reducing its Partial ones to ``reduced``, and its shard order
     (None: default). A Partial source is reduced by ``redistribute`` to a spec in the default
     order (see :func:`local_source`), so its order is the default one."""
-    if any(placement_kind(p) == "partial" for p in dt.placements):
+    if has_partial(dt):
         return reduced, None
     return tuple(dt.placements), getattr(dt._spec, "shard_order", None)
 
@@ -189,7 +189,7 @@ def local_source(
     rank of it must call); None off the source mesh."""
     if dt.device_mesh.get_coordinate() is None:
         return None
-    if any(placement_kind(p) == "partial" for p in dt.placements):
+    if has_partial(dt):
         dt = dt.redistribute(dt.device_mesh, reduced_placements(dt, placements, reduce_partial))
     return dt.to_local()
 
@@ -303,7 +303,7 @@ def reshard_dtensor(
         return None
     in_dst = task.dst.mesh.position(dist.get_rank()) is not None
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-    if any(placement_kind(p) == "partial" for p in dt.placements):
+    if has_partial(dt):
         agree_before([plan], "reducing dt's Partial placements on its mesh", timeout=timeout,
                      caller="meshcast.reshard_dtensor")
     errors: list[str] = []

@@ -36,7 +36,7 @@ from ..core.layout import Shard as McShard
 from ..core.mesh import Mesh
 from ..core.splits import steps_token
 
-__all__ = ["MeshReading", "layout_from_spec", "placement_kind", "read_device_mesh"]
+__all__ = ["MeshReading", "has_partial", "layout_from_spec", "placement_kind", "read_device_mesh"]
 
 
 def placement_kind(p: Any) -> str:
@@ -52,6 +52,11 @@ def placement_kind(p: Any) -> str:
     if getattr(p, "is_partial", lambda: False)():
         return "partial"
     return "other"
+
+
+def has_partial(dt: Any) -> bool:
+    """Whether DTensor ``dt`` has a ``Partial`` placement (reduced on its mesh before it moves)."""
+    return any(placement_kind(p) == "partial" for p in dt.placements)
 
 
 class MeshReading:

@@ -108,21 +108,15 @@ def _sources(
     ``errors`` (:func:`meshcast.interop.dtensor.source_shard`)."""
     from ..runtime.many import agree_before
     from .dtensor import source_shard
+    from .dtensor_spec import has_partial
 
     if not dtensor_form:
         return [state_dict.get(name) for name in layouts]
-    if any(_is_partial(state_dict[name]) for name in layouts):
+    if any(has_partial(state_dict[name]) for name in layouts):
         agree_before(plans, "reducing Partial placements of the state dict on their meshes",
                      timeout=timeout, caller="meshcast.reshard_state_dict", errors=errors)
     return [source_shard(state_dict[name], spec[1], reduce_partial, errors,
                          f"state_dict[{name!r}]") for name, spec in layouts.items()]
-
-
-def _is_partial(dt: Any) -> bool:
-    """Whether DTensor ``dt`` has a Partial placement (reduced on its mesh before it moves)."""
-    from .dtensor_spec import placement_kind
-
-    return any(placement_kind(p) == "partial" for p in dt.placements)
 
 
 def _tasks(
