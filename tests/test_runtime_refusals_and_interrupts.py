@@ -114,7 +114,29 @@ def _interrupts(rank: int, full) -> dict:
     out["agreement"] = _attempt(lambda: exact(meshcast.reshard(local, rows, timeout=TIMEOUT)))
     out["after agreement"] = _attempt(lambda: exact(meshcast.reshard(local, rows,
                                                                      timeout=TIMEOUT)))
+    from meshcast.runtime import execute, many
+
+    for key, module, name, call in (
+            ("agreed", execute, "_transfer", lambda: exact(meshcast.reshard(
+                local, rows, timeout=TIMEOUT))),
+            ("agreed many", many, "Links", lambda: _exact_many(rank, [rows], full))):
+        if rank == 0:  # Ctrl-C once the agreement is over, before the transfers begin
+            _interrupt_on(module, name)
+        out[key] = _attempt(call)
+        out[f"after {key}"] = _attempt(call)
     return out
+
+
+def _interrupt_on(module, name: str) -> None:
+    """Send this process SIGINT when ``module.name`` is next called (then call it)."""
+    original = getattr(module, name)
+
+    def first(*args, **kwargs):
+        setattr(module, name, original)
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    setattr(module, name, first)
 
 
 def _job(rank: int) -> dict:
@@ -173,3 +195,22 @@ def test_ctrl_c_in_the_agreement_is_refused_on_every_rank(job: list[dict]) -> No
                         f"off: rank 0 was interrupted (KeyboardInterrupt) in the input "
                         f"agreement; nothing was sent"), text
         assert seconds < TIMEOUT / 4, (rank, text, seconds)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("key, caller", [("agreed", "meshcast.reshard"),
+                                         ("agreed many", "meshcast.reshard_many")])
+def test_ctrl_c_right_after_the_agreement_ends_the_call_on_every_rank(
+        job: list[dict], key: str, caller: str) -> None:
+    """Ctrl-C after the ranks agreed, before the interrupted rank's transfers began: its peers go
+    ahead, so it must not leave (they would wait ``timeout`` for its messages); the interrupt is
+    its failure of the transfers, as in the middle of them."""
+    text, seconds = job[0][key]
+    assert text.startswith(f"KeyboardInterrupt: {caller} on rank 0 failed after "), text
+    for rank in range(WORLD):
+        text, seconds = job[rank][key]
+        assert ("rank 0 failed first: it raised KeyboardInterrupt: SIGINT (Ctrl-C) in the "
+                "middle of its transfers") in text, (rank, text)
+        assert "stopped responding" not in text and "timed out" not in text, text
+        assert seconds < TIMEOUT / 4, (rank, text, seconds)
+        assert job[rank][f"after {key}"][0] == "exact", (rank, job[rank][f"after {key}"])

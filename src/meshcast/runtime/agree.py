@@ -44,7 +44,8 @@ and dropped with the group)."""
 
 
 def agree(
-    call: Call, record: dict[str, Any], abort: Callable[[], str | None] | None = None
+    call: Call, record: dict[str, Any], abort: Callable[[], str | None] | None = None,
+    interrupted: Callable[[], bool] | None = None,
 ) -> None:
     """Exchange ``record`` (``plan``, ``options``, ``error``, ``what``, optionally ``names``: a
     digest of the tensors' names, compared where two ranks give one) with every rank of
@@ -55,7 +56,13 @@ def agree(
     rank that holds every record (the verdict follows from the records alone, so every such rank
     would set the same), or by a rank that calls the call off while a record is missing (a
     conflict, a time-out, ``abort()`` returning a reason). Every rank follows the verdict, so no
-    rank goes ahead while another refuses."""
+    rank goes ahead while another refuses.
+
+    ``interrupted()`` says whether this rank had a Ctrl-C that its caller deferred
+    (interrupt.py, :func:`~meshcast.runtime.interrupt.call_interrupts`): the call is then called
+    off and this rank raises ``KeyboardInterrupt``, unless a peer already found every record
+    there (the verdict is to go ahead: the caller then reports the interrupt as this rank's
+    failure of the transfer, and every rank raises at once)."""
     here = {
         "call": call.key, "family": call.family, "number": call.number, "step": call.step,
         "ranks": list(call.ranks), "what": record["what"], "state": "agreeing",
@@ -65,15 +72,15 @@ def agree(
     record = {**record, "rank": call.me, "step": call.step,
               "refused_at": refusals[-1]["step"] if refusals else None}
     try:
-        records, verdict = _gather(call, record, here, abort)
+        records, verdict = _gather(call, record, here, abort, interrupted)
         if not verdict["ok"] and verdict.get("by") is None and call.me in _strays(records):
             call.renumber()  # this rank's call met the one it refused: join its own partners
             here["call"], here["number"] = call.key, call.number
-            records, verdict = _gather(call, record, here, abort)
+            records, verdict = _gather(call, record, here, abort, interrupted)
     except KeyboardInterrupt:  # Ctrl-C: the peers refuse at once instead of waiting for it
         with contextlib.suppress(Exception):
-            _call_off(call, call.key, {"ok": False, "by": call.me, "reason": (
-                f"rank {call.me} was interrupted (KeyboardInterrupt) in the input agreement")})
+            _call_off(call, call.key, {"ok": False, "by": call.me,
+                                       "reason": _interrupted_reason(call)})
             _refused(call, here)
         raise
     except Exception as exc:  # the store itself failed
@@ -81,16 +88,23 @@ def agree(
         raise ReshardError(
             f"{call.caller} on rank {call.me}: the process group's store failed during the "
             f"input agreement after {call.elapsed():.2f} s: {exc}", call.ranks) from exc
-    if verdict["ok"]:
-        return
-    _refused(call, here)
+    if not verdict["ok"]:
+        _refused(call, here)
+        _raise_refusal(call, records, verdict, record["what"])
+
+
+def _raise_refusal(call: Call, records: dict[int, dict], verdict: dict[str, Any], what: str
+                   ) -> None:
+    """Raise the refusal ``verdict`` on this rank (``what``: its call, as its record says)."""
+    if verdict.get("by") == call.me and verdict["reason"] == _interrupted_reason(call):
+        raise KeyboardInterrupt
     if verdict.get("by") is None:  # decided from the records: each rank says it its own way
         problem = _compare(call, records)
         raise ValueError(f"{call.caller} on rank {call.me}: {problem}; nothing was sent")
     text = verdict["reason"]
     if verdict["by"] != call.me:  # say it from this rank's side where it can
         own = None if verdict.get("missing") else _conflict(
-            call, [q for q in call.ranks if q not in records], record["what"])
+            call, [q for q in call.ranks if q not in records], what)
         text = own[1] if own is not None else (
             f"rank {verdict['by']} called the call off: {verdict['reason']}")
     if verdict.get("missing"):
@@ -102,7 +116,7 @@ def agree(
 
 def _gather(
     call: Call, record: dict[str, Any], here: dict[str, Any],
-    abort: Callable[[], str | None] | None,
+    abort: Callable[[], str | None] | None, interrupted: Callable[[], bool] | None,
 ) -> tuple[dict[int, dict], dict[str, Any]]:
     """Every record this rank could read, and the verdict."""
     while _settled(call, call.key) and _verdict(call, call.key).get("step") != call.step:
@@ -128,7 +142,8 @@ def _gather(
             return got, _settle(call, verdict)
         off: dict[str, Any] | None = None
         theirs: str | None = None  # the call of a peer that waits for this one
-        given_up = abort() if abort is not None else None
+        given_up = (_interrupted_reason(call) if interrupted is not None and interrupted()
+                    else abort() if abort is not None else None)
         if given_up is not None:
             off = {"reason": given_up}
         elif call.elapsed() >= next_scan:
@@ -146,6 +161,10 @@ def _gather(
                 return got, verdict
         time.sleep(pause)
         pause = min(2 * pause, POLL_S[1])
+
+
+def _interrupted_reason(call: Call) -> str:
+    return f"rank {call.me} was interrupted (KeyboardInterrupt) in the input agreement"
 
 
 def _scan(

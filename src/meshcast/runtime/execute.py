@@ -16,7 +16,7 @@ from .blame import diagnose
 from .board import Call, family_of, next_step
 from .detect import real_host_map
 from .errors import ReshardError
-from .interrupt import interrupts_as_failures
+from .interrupt import call_interrupts, interrupts_as_failures
 from .joint import JointGroup
 from .overlap import may_share_memory
 from .p2p import Failures, Links
@@ -176,17 +176,18 @@ def reshard(
     if not inside:
         next_step(group if group is not None else dist.group.WORLD)
         return None
-    call, dev, how = _join(local, out, plan, group, timeout, chunk_bytes, max_inflight_bytes,
-                           device, transport, abort)
-    return _transfer(call, local, out, plan, dev, timeout, chunk_bytes, max_inflight_bytes,
-                     ordered, how)
+    with call_interrupts() as interrupted:
+        call, dev, how = _join(local, out, plan, group, timeout, chunk_bytes, max_inflight_bytes,
+                               device, transport, abort, interrupted)
+        return _transfer(call, local, out, plan, dev, timeout, chunk_bytes, max_inflight_bytes,
+                         ordered, how)
 
 
 def _join(
     local: torch.Tensor | None, out: torch.Tensor | None, plan: Plan,
     group: dist.ProcessGroup | None, timeout: float,
     chunk_bytes: int, max_inflight_bytes: int, device: object, transport: str | None,
-    abort: Callable[[], str | None] | None,
+    abort: Callable[[], str | None] | None, interrupted: Callable[[], bool],
 ) -> tuple[Call, torch.device, str]:
     """Check this rank's inputs and agree with the plan's ranks (raises on every rank if any
     rank cannot go ahead); the call, the result's device and the transport."""
@@ -220,7 +221,7 @@ def _join(
         "what": f"{task.describe()}, {plan.strategy}/{plan.balance} on "
                 f"{plan.topology.num_hosts} hosts (digest {plan_digest(plan)})",
         "options": {"chunk_bytes": chunk_bytes, "transport": how, "intra": intra},
-    }, abort)
+    }, abort, interrupted)
     return call, dev, how
 
 

@@ -10,10 +10,14 @@ while the main thread holds the failure lock); the rank then sends placeholders,
 failure, so every rank finishes the call at once and its peers raise naming it, and this rank
 raises ``KeyboardInterrupt`` at the end of the call. A second SIGINT raises at once.
 
-A caller that does more than one call's transfers (a weight sync: its version exchange, the
-transfer, its commit; interop/weight_sync.py) defers SIGINT over the whole of it
-(:func:`deferred_interrupts`) and turns it into its failure where it can; a call made inside
-reports an interrupt that came before it at once, as its failure.
+A call defers SIGINT from its start, not only over its transfers (:func:`call_interrupts`):
+in the input agreement it calls the call off on every rank (nothing was sent); where the
+agreement has already found every record (its peers go ahead), the transfer reports it at once
+as this rank's failure, so no peer waits for a rank that left in between. A caller that does
+more than one call's transfers (a weight sync: its version exchange, the transfer, its commit;
+interop/weight_sync.py) defers SIGINT over the whole of it (:func:`deferred_interrupts`) and
+turns it into its failure where it can; a call made inside reports an interrupt that came
+before it at once, as its failure.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from collections.abc import Callable, Iterator
 
 from .p2p import Failures
 
-__all__ = ["INTERRUPTED", "Deferral", "deferred_interrupts", "interrupts_as_failures"]
+__all__ = [
+    "INTERRUPTED", "Deferral", "call_interrupts", "deferred_interrupts", "interrupts_as_failures",
+]
 
 INTERRUPTED = "the middle of its transfers"
 """What the board says this rank was doing when it was interrupted."""
@@ -81,6 +87,28 @@ def deferred_interrupts() -> Iterator[Deferral]:
     or where the program installed its own SIGINT handler."""
     with _deferred(lambda: None) as scope:
         yield scope
+
+
+@contextlib.contextmanager
+def call_interrupts() -> Iterator[Callable[[], bool]]:
+    """Over one call, from before its agreement to its end: the first SIGINT is deferred, and the
+    yielded function says whether it came (the agreement then calls the call off, agree.py; the
+    transfers report it as this rank's failure, :func:`interrupts_as_failures`). The block ends
+    in ``KeyboardInterrupt`` where it came: raised after the block, or from the error the block
+    raised. Does nothing inside a block that defers SIGINT already (its caller acts on it), outside
+    the main thread, or where the program installed its own SIGINT handler."""
+    if _stack:
+        yield lambda: False
+        return
+    with _deferred(lambda: None) as scope:
+        try:
+            yield lambda: scope.hit
+        except Exception as exc:
+            if scope.hit:
+                raise KeyboardInterrupt(str(exc)) from exc
+            raise
+    if scope.hit:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ failed first.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,7 @@ from .execute import (
     require_distributed,
     timeout_problem,
 )
-from .interrupt import interrupts_as_failures
+from .interrupt import call_interrupts, interrupts_as_failures
 from .joint import JointGroup, group_rank, group_size, to_global_of
 from .overlap import shared_pair
 from .p2p import Failures, Links
@@ -175,16 +175,18 @@ def run_many(
         _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me,
                  where, caller)
         return [None] * len(plans)
-    call, dev, intra = _join(tensors, outs, plans, ranks, me, errors, label,
-                             {"bucket_bytes": bucket_bytes, "sync": sync}, names is not None,
-                             timeout, device, where, caller)
-    links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group), float(timeout))
-    failures = Failures(call, float(timeout))
-    run = Exchange(plans, schedule, me, tensors, outs, dev, links, failures, overlap, label,
-                   intra or "socket")
-    with interrupts_as_failures(failures) as interrupted:
-        run.run()
-    end_call(call, failures, interrupted[0])
+    with call_interrupts() as sigint:
+        call, dev, intra = _join(tensors, outs, plans, ranks, me, errors, label,
+                                 {"bucket_bytes": bucket_bytes, "sync": sync}, names is not None,
+                                 timeout, device, where, caller, sigint)
+        links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group),
+                      float(timeout))
+        failures = Failures(call, float(timeout))
+        run = Exchange(plans, schedule, me, tensors, outs, dev, links, failures, overlap, label,
+                       intra or "socket")
+        with interrupts_as_failures(failures) as interrupted:
+            run.run()
+        end_call(call, failures, interrupted[0])
     _last.put("last", run.stats)
     return [given if given is not None else None if o is None else o.view(torch_dtype(p.task.dtype))
             for o, p, given in zip(run.outs, plans, outs)]
@@ -245,6 +247,7 @@ def _join(
     tensors: list, outs: list, plans: list[Plan], ranks: Sequence[int], me: int,
     errors: list[str], label: list[str], options: dict, named: bool, timeout: float,
     device: torch.device | str | None, where: object, caller: str,
+    interrupted: Callable[[], bool],
 ) -> tuple[Call, torch.device, str | None]:
     """Check this rank's shards and agree with the plans' ranks on the plans, ``options``, and
     the tensors' names where ``named`` (``label``); raises on every rank if any rank cannot go
@@ -282,7 +285,7 @@ def _join(
         "plan": digest, "error": error, "options": {**options, "intra": intra},
         "names": _names_digest(label) if named else None,
         "what": f"{len(plans)} plans (digest {digest}), the first {plans[0].task.describe()}",
-    })
+    }, interrupted=interrupted)
     return call, dev, intra
 
 
