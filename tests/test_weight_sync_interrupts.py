@@ -182,3 +182,20 @@ def test_versions_against_the_rule_are_refused_on_every_rank_naming_the_trainer_
         for (role, r), text in _case(seen, k, case, 7).items():  # the engine keeps version 7
             assert text == (f"ValueError: {_caller(role)} on {role} rank {r}: {problems[case]}; "
                             f"nothing was sent: {_kept(role, 7)}")
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_while_building_a_weight_sync_stops_every_rank_at_once(seen: dict) -> None:
+    """Ctrl-C on engine rank 0 as it waits for the trainer to describe its parameters: the wait
+    blocked in the store client (``Store.wait``) until the timeout; now it is polled, and the
+    peers are told at once."""
+    built = {who: report[len(job.CASES)] for who, report in seen.items()}
+    name, text, seconds = built[("engine", 0)]
+    assert (name, text) == ("build", "KeyboardInterrupt: "), built
+    assert seconds < job.TIMEOUT / 4, built
+    for (role, r), (_, text, seconds) in built.items():
+        if (role, r) != ("engine", 0):
+            assert text == (f"ValueError: meshcast.WeightSync on {role} rank {r}: engine rank 0: "
+                            f"was interrupted (KeyboardInterrupt: SIGINT, Ctrl-C) while the "
+                            f"WeightSync was being built"), built
+            assert seconds < job.TIMEOUT / 4, built

@@ -14,6 +14,8 @@ Every sync in turn (the same list on every rank of both jobs), each a real push/
 * versions against the rule: the last one again, a lower one, different versions on the two
   trainer ranks, a version that is not an int.
 
+Before those, a WeightSync that engine rank 0 is interrupted in building (reported last).
+
 Each rank reports ``[case, what happened, the version its sync holds, and (engine) whether its
 parameters hold exactly that version]``.
 """
@@ -111,6 +113,7 @@ def run(rank: int, address: str, role: str) -> list:
             _ctrl_c()
         return shard.to(dtype)
 
+    built = _interrupted_build(group, desc, role, rank)
     sync = mc.WeightSync(group, desc, convert=convert, timeout=TIMEOUT)
     params = {n: torch.zeros(2, 6) for n in "ab"}
     report = []
@@ -128,4 +131,21 @@ def run(rank: int, address: str, role: str) -> list:
             torch.equal(params[n], full(n, sync.version)[2 * rank: 2 * rank + 2]) for n in "ab")
         report.append([case, got, sync.version, exact])
     mc.disconnect(group)
-    return report
+    return [*report, ["build", *built]]
+
+
+def _interrupted_build(group, desc: dict, role: str, rank: int) -> list:
+    """A WeightSync that engine rank 0 is interrupted in building, as it waits for the trainer
+    (which comes 2 s later): ``[what happened, seconds]`` on this rank."""
+    if (role, rank) == ("engine", 0):
+        signal.signal(signal.SIGALRM, lambda *_: _ctrl_c())
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+    elif role == "trainer":
+        time.sleep(3.0)
+    start = time.monotonic()
+    try:
+        mc.WeightSync(group, desc, timeout=TIMEOUT)
+        got = "built"
+    except (KeyboardInterrupt, ValueError, mc.ReshardError) as exc:
+        got = f"{type(exc).__name__}: {exc}"
+    return [got, time.monotonic() - start]

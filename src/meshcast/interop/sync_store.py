@@ -6,7 +6,6 @@ on the engine only once every rank of both jobs succeeded (weight_sync.py)."""
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import Any
 
 from ..runtime.errors import ReshardError
 from ..runtime.joint import JointGroup
+from ..runtime.store_keys import wait_for_keys
 
 __all__ = ["WeightSyncError", "begin", "commit", "exchange", "forget", "version_problem"]
 
@@ -50,16 +50,21 @@ def exchange(group: JointGroup, key: str, record: dict[str, Any],
     keys = [f"{key}/{j}" for j in range(group.size)]
     try:
         store.set(keys[group.me], json.dumps(record))
-        store.wait(keys, datetime.timedelta(seconds=timeout))
+        came = wait_for_keys(store, keys, timeout)
+        missing = [] if came else [j for j, k in enumerate(keys) if not store.check([k])]
+    except KeyboardInterrupt:  # Ctrl-C: the peers stop at once, naming this rank
+        with contextlib.suppress(Exception):
+            store.set(keys[group.me], json.dumps({"error": (
+                "was interrupted (KeyboardInterrupt: SIGINT, Ctrl-C) while the WeightSync was "
+                "being built")}))
+        raise
     except Exception as exc:
-        try:
-            missing = [j for j, k in enumerate(keys) if not store.check([k])]
-        except Exception:
-            raise _unreachable(group, caller, exc) from exc
+        raise _unreachable(group, caller, exc) from exc
+    if missing:
         raise WeightSyncError(
             f"{caller} on {group.role} rank {group.rank}: {group.describe(missing)} did not "
             f"describe their parameters within {timeout:g} s (every rank of both jobs builds "
-            f"the WeightSync)", tuple(missing), tuple(missing)) from exc
+            f"the WeightSync)", tuple(missing), tuple(missing))
     return {j: json.loads(v) for j, v in enumerate(store.multi_get(keys))}
 
 

@@ -35,6 +35,7 @@ from ..core.job import with_link_rates
 from ..core.topology import Topology
 from .errors import ReshardError
 from .joint import ROLES, JointGroup, check_role, member_of
+from .store_keys import wait_for_keys
 
 __all__ = ["PROTOCOL", "connect", "disconnect"]
 
@@ -204,11 +205,9 @@ def _tell_job(key: str, info: dict, world_size: int) -> None:
 
 def _hear_job(key: str, timeout: float) -> dict:
     store = _job_store()
-    try:
-        store.wait([key], datetime.timedelta(seconds=timeout))
-    except Exception as exc:
+    if not wait_for_keys(store, [key], timeout):
         raise ReshardError(f"meshcast.connect: this job's rank 0 did not say within {timeout:g} s "
-                           f"which session it joined (did it call meshcast.connect?)") from exc
+                           f"which session it joined (did it call meshcast.connect?)")
     return json.loads(store.get(key).decode())
 
 
@@ -257,15 +256,15 @@ def disconnect(group: JointGroup, timeout: float | None = None) -> None:
     keys = [f"bye/{j}" for j in range(group.size)]
     try:
         group.store.set(keys[group.me], "1")
-        group.store.wait(keys, datetime.timedelta(seconds=seconds))
-    except Exception:  # a peer died, or the store with trainer rank 0: leave all the same
-        try:
+        why = None
+        if not wait_for_keys(group.store, keys, seconds):
             absent = [j for j, k in enumerate(keys) if not group.store.check([k])]
             why = f"{group.describe(absent)} did not disconnect within {seconds:g} s"
-        except Exception:
-            why = (f"the rendezvous store at {group.address} (held by trainer rank 0) cannot be "
-                   f"reached, so trainer rank 0 has probably died")
-        warnings.warn(f"meshcast.disconnect on {group.role} rank {group.rank}: {why}; this rank "
-                      f"left without waiting further", UserWarning, stacklevel=2)
+    except Exception:  # the store went with trainer rank 0
+        why = (f"the rendezvous store at {group.address} (held by trainer rank 0) cannot be "
+               f"reached, so trainer rank 0 has probably died")
     finally:
         group.close()
+    if why is not None:  # leave all the same
+        warnings.warn(f"meshcast.disconnect on {group.role} rank {group.rank}: {why}; this rank "
+                      f"left without waiting further", UserWarning, stacklevel=2)
