@@ -4,7 +4,6 @@ the abort flag with its waits (given up here or, through the job's store, on ano
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import threading
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..runtime.store_keys import wait_for_keys
 from .graph import TensorEdge
 
 __all__ = [
@@ -148,13 +148,11 @@ def agree_arguments(store: Any, key: str, rank: int, world: int, arguments: dict
     keys = [f"{key}/{r}" for r in range(world)]
     store.set(keys[rank], json.dumps({"arguments": arguments, "extra": extra}, sort_keys=True,
                                      default=str))
-    try:
-        store.wait(keys, datetime.timedelta(seconds=timeout))
-    except Exception as exc:
+    if not wait_for_keys(store, keys, timeout):  # polled: Ctrl-C is seen at once
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
         raise PipelineError(f"rank {rank}: ranks {missing} did not build the PipelineRuntime "
                             f"within {timeout:g} s (every rank builds it, in the same order)",
-                            missing) from exc
+                            missing)
     records = [json.loads(v) for v in store.multi_get(keys)]
     own = records[rank]["arguments"]
     differ = [r for r, rec in enumerate(records) if rec["arguments"] != own]
