@@ -290,8 +290,9 @@ class Pending:
 
     def waiting_on(self) -> tuple[int | None, str]:
         """(peer, what) this item is waiting for."""
-        if self.current is not None:
-            return self.current()
+        current = self.current  # read once: a relay clears it when it ends
+        if current is not None:
+            return current()
         return (self.works[0][0] if self.works else None), self.what
 
 
