@@ -14,7 +14,9 @@ One launched job of 4 ranks (2 emulated hosts of 2), gloo on real processes:
   rank "stopped responding" and had their process group closed by gloo's time-out. Now the
   interrupt is this rank's failure on the call's board: every peer raises at once naming it,
   the interrupted rank raises ``KeyboardInterrupt``, and the group still works. The same in the
-  input agreement: peers that come later refuse at once.
+  input agreement: peers that come later refuse at once. And in the argument checks before it
+  (found by a timing fuzz): the rank left before joining, with nothing in the store, so its next
+  call met its peers' current one, and every call after was refused or waited ``timeout``.
 """
 
 from __future__ import annotations
@@ -124,6 +126,16 @@ def _interrupts(rank: int, full) -> dict:
             _interrupt_on(module, name)
         out[key] = _attempt(call)
         out[f"after {key}"] = _attempt(call)
+    for key, module, name, call in (
+            ("checks", execute, "_validate", lambda: exact(meshcast.reshard(
+                local, rows, timeout=TIMEOUT))),
+            ("checks many", many, "_check_arguments", lambda: _exact_many(rank, [rows], full))):
+        if rank == 0:  # Ctrl-C in the argument checks, before this rank joins; the others come
+            _interrupt_on(module, name)  # a second later, so it calls the call off
+        else:
+            time.sleep(1.0)
+        out[key] = _attempt(call)
+        out[f"after {key}"] = _attempt(call)
     return out
 
 
@@ -214,3 +226,22 @@ def test_ctrl_c_right_after_the_agreement_ends_the_call_on_every_rank(
         assert "stopped responding" not in text and "timed out" not in text, text
         assert seconds < TIMEOUT / 4, (rank, text, seconds)
         assert job[rank][f"after {key}"][0] == "exact", (rank, job[rank][f"after {key}"])
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("key, caller", [("checks", "meshcast.reshard"),
+                                         ("checks many", "meshcast.reshard_many")])
+def test_ctrl_c_in_the_argument_checks_calls_the_call_off_on_every_rank(
+        job: list[dict], key: str, caller: str) -> None:
+    """Ctrl-C before the interrupted rank joined the agreement (its arguments being checked):
+    the call is called off on every rank, as in the agreement, and the next call goes ahead."""
+    assert job[0][key][0] == "KeyboardInterrupt: ", job[0][key]
+    for rank in range(1, WORLD):
+        text, seconds = job[rank][key]
+        assert text == (f"ValueError: {caller} on rank {rank}: rank 0 called the call off: rank 0 "
+                        f"was interrupted (KeyboardInterrupt) in the input agreement; nothing "
+                        f"was sent"), text
+        assert seconds < TIMEOUT / 4, (rank, text, seconds)
+    for rank in range(WORLD):
+        assert job[rank][f"after {key}"][0] == "exact", (rank, job[rank][f"after {key}"])
+        assert job[rank][f"after {key}"][1] < TIMEOUT / 4, (rank, job[rank][f"after {key}"])

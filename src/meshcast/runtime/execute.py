@@ -163,20 +163,21 @@ def reshard(
     """
     if not_a_member(group, [local, out]):
         return None
-    try:
-        inside = _validate(local, plan, group)
+    with call_interrupts() as interrupted:  # from the argument checks on (interrupt.py)
+        try:
+            inside = _validate(local, plan, group)
+            if not inside:
+                bad = _bad_argument(timeout, chunk_bytes, max_inflight_bytes, transport)
+                if bad is not None:  # nobody waits for this rank
+                    raise ValueError(bad)
+        except (TypeError, ValueError) as exc:
+            publish_refusal(group, exc, call_family([plan], group,
+                                                    lambda ps: plan_digest(ps[0])))
+            raise
+        require_distributed("meshcast.reshard")
         if not inside:
-            bad = _bad_argument(timeout, chunk_bytes, max_inflight_bytes, transport)
-            if bad is not None:  # nobody waits for this rank
-                raise ValueError(bad)
-    except (TypeError, ValueError) as exc:
-        publish_refusal(group, exc, call_family([plan], group, lambda ps: plan_digest(ps[0])))
-        raise
-    require_distributed("meshcast.reshard")
-    if not inside:
-        next_step(group if group is not None else dist.group.WORLD)
-        return None
-    with call_interrupts() as interrupted:
+            next_step(group if group is not None else dist.group.WORLD)
+            return None
         call, dev, how = _join(local, out, plan, group, timeout, chunk_bytes, max_inflight_bytes,
                                device, transport, abort, interrupted)
         return _transfer(call, local, out, plan, dev, timeout, chunk_bytes, max_inflight_bytes,

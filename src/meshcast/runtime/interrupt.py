@@ -91,7 +91,7 @@ def deferred_interrupts() -> Iterator[Deferral]:
 
 @contextlib.contextmanager
 def call_interrupts() -> Iterator[Callable[[], bool]]:
-    """Over one call, from before its agreement to its end: the first SIGINT is deferred, and the
+    """Over one call, from its argument checks to its end: the first SIGINT is deferred, and the
     yielded function says whether it came (the agreement then calls the call off, agree.py; the
     transfers report it as this rank's failure, :func:`interrupts_as_failures`). The block ends
     in ``KeyboardInterrupt`` where it came: raised after the block, or from the error the block

@@ -157,25 +157,26 @@ def run_many(
     outs = [None] * len(plans) if out is None else list(out)
     if not_a_member(group, tensors + outs):
         return [None] * len(plans)
-    try:
-        _check_arguments(tensors, plans, bucket_bytes, timeout, isinstance(group, JointGroup),
-                         outs, names)
-        schedule = build_schedule(plans, max(1, bucket_bytes // 2) if overlap else bucket_bytes)
-        ranks = schedule.ranks
-        if ranks and ranks[-1] >= group_size(group):
-            raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has "
-                             f"{group_size(group)} ranks")
-    except (TypeError, ValueError) as exc:
-        publish_refusal(group, exc, call_family(plans, group, _plans_digest))
-        raise
-    label = [names[k] if names is not None else f"tensors[{k}]" for k in range(len(plans))]
-    me, errors = group_rank(group), list(errors)
-    where = dist.group.WORLD if group is None else group
-    if me not in ranks:
-        _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me,
-                 where, caller)
-        return [None] * len(plans)
-    with call_interrupts() as sigint:
+    with call_interrupts() as sigint:  # from the argument checks on (interrupt.py)
+        try:
+            _check_arguments(tensors, plans, bucket_bytes, timeout, isinstance(group, JointGroup),
+                             outs, names)
+            schedule = build_schedule(plans,
+                                      max(1, bucket_bytes // 2) if overlap else bucket_bytes)
+            ranks = schedule.ranks
+            if ranks and ranks[-1] >= group_size(group):
+                raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has "
+                                 f"{group_size(group)} ranks")
+        except (TypeError, ValueError) as exc:
+            publish_refusal(group, exc, call_family(plans, group, _plans_digest))
+            raise
+        label = [names[k] if names is not None else f"tensors[{k}]" for k in range(len(plans))]
+        me, errors = group_rank(group), list(errors)
+        where = dist.group.WORLD if group is None else group
+        if me not in ranks:
+            _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me,
+                     where, caller)
+            return [None] * len(plans)
         call, dev, intra = _join(tensors, outs, plans, ranks, me, errors, label,
                                  {"bucket_bytes": bucket_bytes, "sync": sync}, names is not None,
                                  timeout, device, where, caller, sigint)
