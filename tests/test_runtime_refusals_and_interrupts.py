@@ -154,6 +154,9 @@ def _interrupt_on(module, name: str) -> None:
 def _job(rank: int) -> dict:
     import torch
 
+    # the program under test has Python's own handler (a process a non-interactive shell starts
+    # in the background inherits SIGINT ignored, and Python then leaves it ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     full = torch.arange(4096 * 8, dtype=torch.float32).reshape(4096, 8)
     return {**_refusals(rank, full), **_interrupts(rank, full)}
 
@@ -216,13 +219,17 @@ def test_ctrl_c_right_after_the_agreement_ends_the_call_on_every_rank(
         job: list[dict], key: str, caller: str) -> None:
     """Ctrl-C after the ranks agreed, before the interrupted rank's transfers began: its peers go
     ahead, so it must not leave (they would wait ``timeout`` for its messages); the interrupt is
-    its failure of the transfers, as in the middle of them."""
+    its failure of the transfers, as in the middle of them: every peer raises naming it, or
+    returns its exact result where everything it needed had arrived before the report reached
+    the board (the report is made by a thread, so the interrupted rank's first messages may still
+    carry data: docs/runtime.md, "Failures")."""
+    said = ("rank 0 failed first: it raised KeyboardInterrupt: SIGINT (Ctrl-C) in the middle of "
+            "its transfers")
     text, seconds = job[0][key]
     assert text.startswith(f"KeyboardInterrupt: {caller} on rank 0 failed after "), text
     for rank in range(WORLD):
         text, seconds = job[rank][key]
-        assert ("rank 0 failed first: it raised KeyboardInterrupt: SIGINT (Ctrl-C) in the "
-                "middle of its transfers") in text, (rank, text)
+        assert said in text or (rank > 0 and text == "exact"), (rank, text)
         assert "stopped responding" not in text and "timed out" not in text, text
         assert seconds < TIMEOUT / 4, (rank, text, seconds)
         assert job[rank][f"after {key}"][0] == "exact", (rank, job[rank][f"after {key}"])

@@ -102,6 +102,10 @@ def run(rank: int, address: str, role: str) -> list:
     """One rank of ``role``'s job: every case of :data:`CASES`; the report."""
     import torch
 
+    # the program under test has Python's own handler (a process a non-interactive shell starts
+    # in the background inherits SIGINT ignored, and Python then leaves it ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     group = mc.connect(address, role, model="interrupts", timeout=60)
     two = mc.Layout(mc.Mesh([0, 1]), "S0R")
     desc = {n: mc.ParamSpec(SHAPE, torch.float32, two) for n in "ab"}
