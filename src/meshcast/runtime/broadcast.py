@@ -106,8 +106,7 @@ class Relay:
                 self.budget.release(extra)
             while self.forwarding:
                 self._finish_forward()
-            self.done.current = None  # no cycle keeps this relay (and `out`) after the call
-            self.done.done.set()  # this rank's part is complete; its host's receivers finish
+            self.done.end()  # this rank's part is complete; its host's receivers finish
             if self.writer is not None:  # copying from the segment while the rank goes on
                 self.writer.close()
 

@@ -288,9 +288,15 @@ class Pending:
     done: threading.Event = field(default_factory=threading.Event)
     current: Callable[[], tuple[int | None, str]] | None = None  # what a relay waits for
 
+    def end(self) -> None:
+        """Mark the item complete (a helper thread's, whose ``current`` looks back at it): the
+        back reference goes first, so no cycle keeps the helper and its buffers alive."""
+        self.current = None
+        self.done.set()
+
     def waiting_on(self) -> tuple[int | None, str]:
         """(peer, what) this item is waiting for."""
-        current = self.current  # read once: a relay clears it when it ends
+        current = self.current  # read once: end() clears it
         if current is not None:
             return current()
         return (self.works[0][0] if self.works else None), self.what

@@ -281,8 +281,7 @@ class ShmReader:
             if self.unreachable is not None and not self.failures.closed(self.producer):
                 self.failures.error(f"{self.what}: mapping rank {self.producer}'s segment",
                                     self.unreachable)
-            self.done.current = None  # no cycle keeps this reader (and its views) alive
-            self.done.done.set()
+            self.done.end()
 
     def _post(self, buf: torch.Tensor, what: str) -> object | None:
         """Post the receive of one message from the producer into ``buf`` (None: not posted)."""
