@@ -1,8 +1,11 @@
 """The input agreement: before any data moves, the ranks of a call learn each other's options and
 input errors through the store, and refuse together if anything differs or is wrong.
 
-Each rank appends its record to the call's key and reads the key until every plan rank's record
-is there (a few store round trips when the ranks arrive together). Calls are keyed by their plan
+Each rank appends its record to the call's key and counts itself in; the rank whose count
+completes the call reads every record and sets the verdict, the others look for the verdict
+(one small key) until it is there: a few store round trips when the ranks arrive together, and
+the records read once per call, not by every rank on every look (the store's work grows with the
+ranks, not with their square). Calls are keyed by their plan
 (board.py), so ranks holding different plans never meet under one key; nothing here waits on a
 message, so nothing can hang on them either: while waiting, a rank looks at where each missing
 peer is (``meshcast/at/<rank>``) and refuses at once when the peer
@@ -29,6 +32,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .agree_keys import (
+    call_off,
+    follow,
+    join,
+    joined,
+    missing_ranks,
+    read_records,
+    settle,
+    settled,
+    verdict_of,
+    where_is,
+)
 from .board import Call, calls_made, recent_refusals
 from .errors import ReshardError
 
@@ -79,7 +94,7 @@ def agree(
             records, verdict = _gather(call, record, here, abort, interrupted)
     except KeyboardInterrupt:  # Ctrl-C: the peers refuse at once instead of waiting for it
         with contextlib.suppress(Exception):
-            _call_off(call, call.key, {"ok": False, "by": call.me,
+            call_off(call, call.key, {"ok": False, "by": call.me,
                                        "reason": _interrupted_reason(call)})
             _refused(call, here)
         raise
@@ -119,46 +134,52 @@ def _gather(
     abort: Callable[[], str | None] | None, interrupted: Callable[[], bool] | None,
 ) -> tuple[dict[int, dict], dict[str, Any]]:
     """Every record this rank could read, and the verdict."""
-    while _settled(call, call.key) and _verdict(call, call.key).get("step") != call.step:
+    while settled(call, call.key) and verdict_of(call, call.key).get("step") != call.step:
         call.renumber()  # a name this rank's peers used at another step while it made another call
         here["call"], here["number"] = call.key, call.number
     store, key = call.store, f"{call.key}/records"
     store.set(call.at_key(call.me), json.dumps(here))
     store.append(key, json.dumps(record) + "\n")
+    # the rank whose record completes the count reads them all; the others look for the verdict
+    full, late = join(call) >= len(call.ranks), False
     got: dict[int, dict] = {}
     pause, next_scan = POLL_S[0], SCAN_S[0]
     while True:
-        text = store.get(key).decode() if store.check([key]) else ""
-        called_off = False
-        for line in text.splitlines():
-            rec = json.loads(line)
-            if "rank" in rec:
-                got[rec["rank"]] = rec
-            else:
-                called_off = True
-        missing = [q for q in call.ranks if q not in got]
-        if called_off or not missing:
-            verdict = {"ok": _compare(call, got) is None} if not missing else {"ok": False}
-            return got, _settle(call, verdict)
+        if full:
+            got, called_off = read_records(call, key)
+            missing = [q for q in call.ranks if q not in got]
+            if called_off or not missing:
+                verdict = {"ok": _compare(call, got) is None} if not missing else {"ok": False}
+                return got, settle(call, verdict)
+            full = False  # a record counted was a stray's (_strays): the last to come decides
+        elif settled(call, call.key):
+            verdict = follow(call)
+            return ({} if verdict["ok"] else read_records(call, key)[0]), verdict
         off: dict[str, Any] | None = None
         theirs: str | None = None  # the call of a peer that waits for this one
         given_up = (_interrupted_reason(call) if interrupted is not None and interrupted()
                     else abort() if abort is not None else None)
         if given_up is not None:
             off = {"reason": given_up}
-        elif call.elapsed() >= next_scan:
-            off, theirs = _scan(call, key, missing, record["what"])
+        elif call.elapsed() >= next_scan or call.elapsed() > call.timeout:
             next_scan = call.elapsed() + SCAN_S[1]
-        if off is None and call.elapsed() > call.timeout:
-            off = {"reason": _absent(call, missing), "missing": missing}
+            if not late and call.elapsed() <= call.timeout and joined(call) >= len(call.ranks):
+                late = True  # every rank came: the verdict is on its way; read at the next look
+            else:
+                missing = missing_ranks(call, key)
+                if not missing:  # every record is there, still no verdict (its rank died?)
+                    full = True
+                    continue
+                off, theirs = _scan(call, key, missing, record["what"])
+                if off is None and call.elapsed() > call.timeout:
+                    off = {"reason": _absent(call, missing), "missing": missing}
         if off is not None:
-            verdict = _settle(call, {"ok": False, "by": call.me, **off})
+            verdict = settle(call, {"ok": False, "by": call.me, **off})
             if verdict.get("by") == call.me:  # tell the ranks still reading records
                 store.append(key, json.dumps({"called_off": True}) + "\n")
             if theirs and theirs != call.key:  # the peer's call cannot go ahead without this rank
-                _call_off(call, theirs, {"ok": False, "by": call.me, **off})
-            if not verdict["ok"]:
-                return got, verdict
+                call_off(call, theirs, {"ok": False, "by": call.me, **off})
+            return (got if verdict["ok"] else read_records(call, key)[0]), verdict
         time.sleep(pause)
         pause = min(2 * pause, POLL_S[1])
 
@@ -179,59 +200,17 @@ def _scan(
     had refused that step without it) is behind, not in conflict: its call is called off, as it
     cannot go ahead without this rank, and this call waits for it to come."""
     reason = _conflict(call, missing, what)
-    if reason is None or not _still_missing(call, key, reason[0]):
+    if reason is None or reason[0] in read_records(call, key)[0]:
         return None, None
-    at = _where(call, reason[0])
+    at = where_is(call, reason[0])
     # the peer's call, unless it is a later one (it refused this step and went on): that one
     # this rank will make too
     theirs = (at["call"] if at is not None and at["state"] == "agreeing"
               and at["step"] <= call.step else None)
     if theirs and theirs != call.key and at["step"] < call.step:
-        _call_off(call, theirs, {"ok": False, "by": call.me, "reason": reason[1]})
+        call_off(call, theirs, {"ok": False, "by": call.me, "reason": reason[1]})
         return None, None
     return {"reason": reason[1]}, theirs
-
-
-def _settle(call: Call, verdict: dict[str, Any]) -> dict[str, Any]:
-    """Set the call's verdict unless one is set; the verdict that holds. A rank whose records are
-    complete cleans the keys up once every rank has read the verdict."""
-    store = call.store
-    ours = json.dumps({**verdict, "step": call.step})
-    held = json.loads(store.compare_set(f"{call.key}/verdict", "", ours).decode())
-    if held.get("ok") and store.add(f"{call.key}/read", 1) == len(call.ranks):
-        for suffix in ("records", "verdict", "read"):
-            store.delete_key(f"{call.key}/{suffix}")
-    return held
-
-
-def _call_off(call: Call, key: str, verdict: dict[str, Any]) -> None:
-    """Call off a peer's call ``key`` that this rank will not make at this step (the peer's ranks
-    then refuse at this step too, and none of them keeps waiting in it)."""
-    ours = json.dumps({**verdict, "step": call.step})
-    call.store.compare_set(f"{key}/verdict", "", ours)
-    call.store.append(f"{key}/records", json.dumps({"called_off": True}) + "\n")
-
-
-def _settled(call: Call, key: str) -> bool:
-    """Whether call ``key`` has its verdict (a peer that shows itself agreeing there is about to
-    leave it)."""
-    return bool(key) and call.store.check([f"{key}/verdict"])
-
-
-def _verdict(call: Call, key: str) -> dict[str, Any]:
-    return json.loads(call.store.get(f"{key}/verdict").decode())
-
-
-def _where(call: Call, rank: int) -> dict[str, Any] | None:
-    key = call.at_key(rank)
-    if not call.store.check([key]):
-        return None
-    return json.loads(call.store.get(key).decode())
-
-
-def _still_missing(call: Call, key: str, rank: int) -> bool:
-    text = call.store.get(key).decode() if call.store.check([key]) else ""
-    return all(json.loads(line).get("rank") != rank for line in text.splitlines())
 
 
 def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | None:
@@ -239,9 +218,9 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
     advice = ("every rank of a plan must call with the same plan (are meshes or plans built "
               "differently on different ranks, e.g. a sub-mesh that differs per rank?)")
     mine = f"{what} over ranks {_ranks(call.ranks)}"
-    where = {q: _where(call, q) for q in missing}
-    waiting = {q: at is not None and at["state"] == "agreeing" and not _settled(call, at["call"])
-               for q, at in where.items()}
+    where = {q: where_is(call, q) for q in missing}
+    waiting = {q: at is not None and at["state"] == "agreeing"
+               and not settled(call, at["call"]) for q, at in where.items()}
     differ = [q for q, at in where.items() if at is not None and at["family"] != call.family
               and at["ranks"] == list(call.ranks)
               and (waiting[q] or at["step"] == call.step)
@@ -279,7 +258,7 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
 def _absent(call: Call, missing: list[int]) -> str:
     where = []
     for q in missing[:4]:
-        at = _where(call, q)
+        at = where_is(call, q)
         if at is None:
             where.append(f"rank {q} has not called meshcast on this process group")
         elif at["call"] == call.key:
