@@ -16,6 +16,7 @@ import numpy as np
 from ..cluster import nic_tx_bytes
 from ..core.boxes import Box, box_shape, relative
 from ..core.plan import Plan
+from .call_probe import probe_call
 from .reshard_cases import BASELINES, BenchCase
 from .reshard_methods import gather_steps
 
@@ -50,16 +51,17 @@ def _values(box: Box, shape: tuple[int, ...]):
     return idx.to(torch.int32).contiguous()
 
 
-def _probe(rank: int, dph: int, hosts: int, nbytes: int,
-           intra: list[str] | None = None) -> dict[str, float]:
+def _probe(rank: int, spec: JobSpec, intra: list[str] | None = None) -> dict[str, float]:
     """Link speeds seen by the job: host 0 -> host 1 and rank 0 -> 1 (payload Gbit/s of a plain
     ``dist.send``, median of 3 after a warm-up: ``cross_gbps``, ``intra_socket_gbps``), the
     runtime's own intra-host rate (:func:`_probe_runtime_intra`: ``intra_gbps``, or
-    ``intra_gbps+MODE`` per mode of ``intra``) and the one-way latency of a 4-byte message
-    (ping-pong / 2, median of 20)."""
+    ``intra_gbps+MODE`` per mode of ``intra``), the one-way latency of a 4-byte message
+    (ping-pong / 2, median of 20) and the fixed cost of a call over the case's ranks
+    (:func:`~meshcast.bench.call_probe.probe_call`: ``call_s``)."""
     import torch
     import torch.distributed as dist
 
+    dph, hosts, nbytes = spec.case.devices_per_host, spec.case.hosts, spec.probe_bytes
     out: dict[str, float] = {}
     pairs = []
     if hosts > 1:
@@ -85,10 +87,9 @@ def _probe(rank: int, dph: int, hosts: int, nbytes: int,
     if dph > 1:
         for mode in intra or [None]:
             key = "intra_gbps" if mode is None else f"intra_gbps{INTRA_SEP}{mode}"
-            rate, call_s = _probe_runtime_intra(rank, nbytes, mode)
+            rate = _probe_runtime_intra(rank, nbytes, mode)
             if rank == 0:
                 out[key] = rate
-                out.setdefault("call_s", call_s)
     if hosts > 1:
         dist.barrier()
         small = torch.zeros(1, dtype=torch.int32)
@@ -104,15 +105,17 @@ def _probe(rank: int, dph: int, hosts: int, nbytes: int,
                 dist.send(small, 0)
         if rank == 0:
             out["latency_us"] = statistics.median(times[1:]) * 1e6
+    call_s = probe_call(rank, spec.case.task, spec.timeout)
+    if rank == 0:
+        out["call_s"] = call_s
     return out
 
 
-def _probe_runtime_intra(rank: int, nbytes: int, mode: str | None) -> tuple[float, float]:
-    """``(Gbit/s, call seconds)`` of ``meshcast.reshard`` Sends from rank 0 to rank 1 (host 0)
-    on the intra-host path ``mode`` (None: the default): the call seconds are a 4-byte call's
-    (the fixed cost of a call: its agreement, one operation, the end check), the rate is that of
-    ``nbytes`` with the call's cost taken off; medians of 3 after a warm-up (rank 0's are the
-    probe's)."""
+def _probe_runtime_intra(rank: int, nbytes: int, mode: str | None) -> float:
+    """Gbit/s of ``meshcast.reshard`` Sends from rank 0 to rank 1 (host 0) on the intra-host
+    path ``mode`` (None: the default): the rate of ``nbytes`` with a 4-byte call's time (the
+    fixed cost of a call: its agreement, one operation, the end check) taken off; medians of 3
+    after a warm-up (rank 0's are the probe's)."""
     import torch
     import torch.distributed as dist
 
@@ -142,7 +145,7 @@ def _probe_runtime_intra(rank: int, nbytes: int, mode: str | None) -> tuple[floa
     if mode is not None:
         os.environ.pop("MESHCAST_INTRA")
     spent = max(times[nbytes // 4] - times[1], 1e-6)
-    return nbytes * 8 / spent / 1e9, times[1]
+    return nbytes * 8 / spent / 1e9
 
 
 class _Baselines:
@@ -253,7 +256,7 @@ def case_worker(rank: int, spec: JobSpec) -> dict[str, Any]:
     task = spec.case.task
     dph = spec.case.devices_per_host
     intra = sorted({m for m in map(lambda x: split_intra(x)[1], spec.methods) if m})
-    probe = _probe(rank, dph, spec.case.hosts, spec.probe_bytes, intra)
+    probe = _probe(rank, spec, intra)
     sbox, dbox = task.src_box(rank), task.dst_box(rank)
     local = _values(sbox, task.shape) if sbox is not None else None
     expect = _values(dbox, task.shape) if dbox is not None else None
