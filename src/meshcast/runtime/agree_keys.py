@@ -39,6 +39,7 @@ def joined(call: Call) -> int:
 
 
 def missing_ranks(call: Call, key: str) -> list[int]:
+    """The plan ranks whose record is not under ``key`` yet."""
     got = read_records(call, key)[0]
     return [q for q in call.ranks if q not in got]
 
@@ -80,10 +81,12 @@ def settled(call: Call, key: str) -> bool:
 
 
 def verdict_of(call: Call, key: str) -> dict[str, Any]:
+    """The verdict of call ``key`` (it must be set)."""
     return json.loads(call.store.get(f"{key}/verdict").decode())
 
 
 def where_is(call: Call, rank: int) -> dict[str, Any] | None:
+    """Where ``rank`` says it is (its last call and state), None if it never called."""
     key = call.at_key(rank)
     if not call.store.check([key]):
         return None
