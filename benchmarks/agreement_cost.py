@@ -1,15 +1,16 @@
 """What a call's input agreement costs the process group's store, by number of ranks.
 
-    .venv/bin/python benchmarks/agreement_cost.py [--ranks 8,16,32] [--calls 23]
+    .venv/bin/python benchmarks/agreement_cost.py [--ranks 8,16,32] [--calls 23] [--late-ms 0]
 
 For each size n: n local ranks (``meshcast.launch``, gloo on loopback, 4 ranks per host) reshard a
 2n-element float32 tensor from the first n/2 ranks (``S0``) to the others (``S0``), ``--calls``
-times between barriers. Every rank's store requests are counted (a proxy around the process
-group's store, installed in ``meshcast.runtime.board``) and so are the bytes the store returned
-to it. Per call, after 3 warm-ups: all ranks' requests by kind and bytes read, and the call's
-span (first rank in to last rank out; median and 90th percentile). The byte count is exact and
-repeatable; the span is noisy (n processes share this machine's cores). A measuring tool, not a
-test. To compare another version, put its ``src`` first on ``PYTHONPATH``.
+times between barriers; with ``--late-ms`` the last rank starts each call that late (a straggler:
+the others wait in the agreement and look around every 100 ms). Every rank's store requests are
+counted (a proxy around the process group's store, installed in ``meshcast.runtime.board``) and so
+are the bytes the store returned to it. Per call, after 3 warm-ups: all ranks' requests by kind and
+bytes read, and the call's span (first rank in to last rank out; median and 90th percentile). The
+byte count is exact and repeatable; the span is noisy (n processes share this machine's cores). A
+measuring tool, not a test. To compare another version, put its ``src`` first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 WARMUP = 3
 
 
-def worker(rank: int, n: int, calls: int) -> tuple[list[tuple[float, float]], list[dict]]:
+def worker(rank: int, n: int, calls: int, late_s: float
+           ) -> tuple[list[tuple[float, float]], list[dict]]:
     import torch
     import torch.distributed as dist
 
@@ -63,6 +65,8 @@ def worker(rank: int, n: int, calls: int) -> tuple[list[tuple[float, float]], li
         dist.barrier()
         before = dict(counts)
         t0 = time.monotonic()
+        if rank == n - 1:
+            time.sleep(late_s)
         mc.reshard(local, plan, timeout=60)
         spans.append((t0, time.monotonic()))
         per_call.append({k: v - before.get(k, 0) for k, v in counts.items()})
@@ -75,11 +79,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="8,16,32", help="sizes, multiples of 4 (default 8,16,32)")
     ap.add_argument("--calls", type=int, default=23, help="calls per size, 3 warm-ups first")
+    ap.add_argument("--late-ms", type=float, default=0.0, help="the last rank comes this late")
     args = ap.parse_args()
     print(f"meshcast from {mc.__file__}")
     for n in (int(x) for x in args.ranks.split(",")):
-        res = mc.launch(worker, n, hosts=mc.Topology.uniform(n // 4, 4), args=(n, args.calls),
-                        timeout=600)
+        res = mc.launch(worker, n, hosts=mc.Topology.uniform(n // 4, 4),
+                        args=(n, args.calls, args.late_ms / 1e3), timeout=600)
         spans = sorted(max(r[0][i][1] for r in res) - min(r[0][i][0] for r in res)
                        for i in range(WARMUP, args.calls))
         total: collections.Counter[str] = collections.Counter()

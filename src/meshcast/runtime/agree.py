@@ -141,7 +141,7 @@ def _gather(
     store.set(call.at_key(call.me), json.dumps(here))
     store.append(key, json.dumps(record) + "\n")
     # the rank whose record completes the count reads them all; the others look for the verdict
-    full, late = join(call) >= len(call.ranks), False
+    full, late, who = join(call) >= len(call.ranks), False, _Missing()
     got: dict[int, dict] = {}
     pause, next_scan = POLL_S[0], SCAN_S[0]
     while True:
@@ -163,10 +163,11 @@ def _gather(
             off = {"reason": given_up}
         elif call.elapsed() >= next_scan or call.elapsed() > call.timeout:
             next_scan = call.elapsed() + SCAN_S[1]
-            if not late and call.elapsed() <= call.timeout and joined(call) >= len(call.ranks):
+            count = joined(call)
+            if not late and call.elapsed() <= call.timeout and count >= len(call.ranks):
                 late = True  # every rank came: the verdict is on its way; read at the next look
             else:
-                missing = missing_ranks(call, key)
+                missing = who(call, key, count)
                 if not missing:  # every record is there, still no verdict (its rank died?)
                     full = True
                     continue
@@ -182,6 +183,20 @@ def _gather(
             return (got if verdict["ok"] else read_records(call, key)[0]), verdict
         time.sleep(pause)
         pause = min(2 * pause, POLL_S[1])
+
+
+class _Missing:
+    """The plan ranks whose record is missing, read again only when the count of ranks come has
+    changed since (each rank appends its record before it counts itself in): a long wait for a
+    late peer costs a look around one small request, not a read of every record."""
+
+    def __init__(self) -> None:
+        self.count, self.ranks = -1, []
+
+    def __call__(self, call: Call, key: str, count: int) -> list[int]:
+        if count != self.count:
+            self.count, self.ranks = count, missing_ranks(call, key)
+        return self.ranks
 
 
 def _interrupted_reason(call: Call) -> str:
