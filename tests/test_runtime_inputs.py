@@ -411,3 +411,33 @@ def test_results_that_share_memory_are_refused_and_sub_groups_leave_outsiders_ou
         assert "out[0] (tensors[0]) shares memory with out[1] (tensors[1]) on rank" in text, text
     assert [job[r]["bad"]["sub-group"] for r in range(WORLD)] == [True] * WORLD
     assert [job[r]["bad"]["after one rank"] for r in range(WORLD)] == [True] * WORLD
+
+
+def _agreement_keys_left(rank: int, calls: int) -> list[str]:
+    """Make ``calls`` agreed calls of one plan, then (after every rank has returned) the
+    agreement keys of those calls still in the group's store."""
+    import torch
+    import torch.distributed as dist
+
+    from meshcast.runtime.board import family_of, store_of
+    from meshcast.runtime.execute import plan_digest
+
+    task = ReshardTask((8,), "float32", Layout(Mesh.from_range(0, (2,)), "S0"),
+                       Layout(Mesh.from_range(2, (2,)), "S0"))
+    p = meshcast.plan(task, Topology.uniform(2, 2))
+    local = torch.arange(4.0) + 4 * rank if rank < 2 else None
+    for _ in range(calls):
+        out = meshcast.reshard(local, p, timeout=TIMEOUT)
+        assert rank < 2 or torch.equal(out, torch.arange(4.0) + 4 * (rank - 2))
+    dist.barrier()
+    store, family = store_of(dist.group.WORLD), family_of(p.ranks, plan_digest(p))
+    keys = [f"meshcast/c/{family}/{k}/{suffix}" for k in range(calls)
+            for suffix in ("records", "joined", "verdict", "read")]
+    return [key for key in keys if store.check([key])]
+
+
+def test_agreed_calls_leave_no_agreement_keys_in_the_store() -> None:
+    """Each call that goes ahead deletes its agreement's keys once every rank has read the
+    verdict: a long job does not grow the store by a record per rank and call."""
+    assert meshcast.launch(_agreement_keys_left, 4, hosts=Topology.uniform(2, 2),
+                           args=(3,), timeout=TIMEOUT) == [[], [], [], []]

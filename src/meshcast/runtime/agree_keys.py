@@ -61,7 +61,7 @@ def _acknowledged(call: Call, held: dict[str, Any]) -> dict[str, Any]:
     ahead deletes the call's keys (each rank reads it once)."""
     store = call.store
     if held.get("ok") and store.add(f"{call.key}/read", 1) == len(call.ranks):
-        for suffix in ("read_records", "joined", "verdict", "read"):
+        for suffix in ("records", "joined", "verdict", "read"):
             store.delete_key(f"{call.key}/{suffix}")
     return held
 
