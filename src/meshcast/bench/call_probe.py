@@ -14,6 +14,7 @@ import math
 import statistics
 import time
 
+from ..core.boxes import box_shape
 from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..core.task import ReshardTask
@@ -45,7 +46,7 @@ def probe_call(rank: int, task: ReshardTask, timeout: float) -> float:
     tiny = tiny_task(task)
     p = plan(tiny, strategy="send_recv")
     box = tiny.src_box(rank)
-    local = torch.zeros(box[0].stop - box[0].start, dtype=torch.int32) if box else None
+    local = torch.zeros(box_shape(box), dtype=torch.int32) if box else None
     spans = []
     for i in range(CALL_RUNS + 1):
         dist.barrier()

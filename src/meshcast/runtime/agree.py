@@ -95,7 +95,7 @@ def agree(
     except KeyboardInterrupt:  # Ctrl-C: the peers refuse at once instead of waiting for it
         with contextlib.suppress(Exception):
             call_off(call, call.key, {"ok": False, "by": call.me,
-                                       "reason": _interrupted_reason(call)})
+                                      "reason": _interrupted_reason(call)})
             _refused(call, here)
         raise
     except Exception as exc:  # the store itself failed
