@@ -209,19 +209,24 @@ class ReshardTask:
 
     def src_region(self, rank: int) -> Region | None:
         """The region (one or several boxes) ``rank`` holds before, or None."""
-        if self.src.is_plain:
-            return self.src.region(rank, self.shape)
-        return self._regions["src"].get(rank)
+        return self._region("src", self.src, rank)
 
     def dst_region(self, rank: int) -> Region | None:
         """The region (one or several boxes) ``rank`` holds after, or None."""
-        if self.dst.is_plain:
-            return self.dst.region(rank, self.shape)
-        return self._regions["dst"].get(rank)
+        return self._region("dst", self.dst, rank)
+
+    def _region(self, side: str, layout: Layout, rank: int) -> Region | None:
+        """``rank``'s region of one side, computed once per task and rank (a call asks for its
+        own a few times; a plain side computes only the ranks asked for, a strided or fused one
+        every rank's at once)."""
+        regions = self._regions[side]
+        if rank not in regions and layout.is_plain:
+            regions[rank] = layout.region(rank, self.shape)
+        return regions.get(rank)
 
     @cached_property
-    def _regions(self) -> dict[str, dict[int, Region]]:
-        """Every rank's regions of a strided or fused side, computed once per task."""
+    def _regions(self) -> dict[str, dict[int, Region | None]]:
+        """The regions known so far per side: every rank's of a strided or fused side."""
         return {side: {} if layout.is_plain else layout.regions(self.shape)
                 for side, layout in (("src", self.src), ("dst", self.dst))}
 

@@ -233,9 +233,10 @@ def _transfer(
 ) -> torch.Tensor | None:
     """Move the data of an agreed call; this rank's destination shard."""
     task, me, group = plan.task, call.me, call.group
+    world = group is dist.group.WORLD
 
     def to_global(r: int) -> int:
-        return r if group is dist.group.WORLD else dist.get_global_rank(group, r)
+        return r if world else dist.get_global_rank(group, r)
 
     dst_region = task.dst_region(me)
     src = None if local is None else as_carrier(local)

@@ -66,9 +66,11 @@ def _deferred(on_first: Callable[[], None]) -> Iterator[Deferral]:
             or current not in (signal.default_int_handler, _handler)):
         yield scope  # not the main thread, or the program handles SIGINT itself
         return
-    pending = current is _handler and any(s.hit for s in _stack)
+    nested = current is _handler  # inside another block: the handler is in place already
+    pending = nested and any(s.hit for s in _stack)
     _stack.append(scope)
-    signal.signal(signal.SIGINT, _handler)
+    if not nested:
+        signal.signal(signal.SIGINT, _handler)
     try:
         if pending:  # interrupted before this block, in the one around it
             scope.hit = True
@@ -76,7 +78,8 @@ def _deferred(on_first: Callable[[], None]) -> Iterator[Deferral]:
         yield scope
     finally:
         _stack.remove(scope)
-        signal.signal(signal.SIGINT, current)
+        if not nested:
+            signal.signal(signal.SIGINT, current)
 
 
 @contextlib.contextmanager
