@@ -29,7 +29,13 @@ from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound, lower_bound_details
 from ..estimate.simulate import simulated_time
 from .balanced import balanced
-from .budgets import AUTO_GOOD_ENOUGH, AUTO_SEARCH_GAP, AUTO_SIM_LIMIT, CERTIFY_TOL
+from .budgets import (
+    AUTO_GOOD_ENOUGH,
+    AUTO_SEARCH_GAP,
+    AUTO_SIM_LIMIT,
+    CERTIFY_TOL,
+    NEAR_BOUND,
+)
 from .dispatch import dispatched, phase_rounds
 from .fixed_stage import FixedStage
 from .gathered import Group, gathered, tile_groups
@@ -57,9 +63,11 @@ def auto_plan(
     stage's candidates keep their place in the tie order whenever they are built. Planning
     stops when the best meets the lower bound (within
     :data:`~meshcast.planning.budgets.CERTIFY_TOL`: no plan is faster), or is within
-    ``AUTO_GOOD_ENOUGH`` of it and no fixed plan can be faster (built and simulated, or ruled
-    out by its strategy's floor, :func:`~meshcast.planning.floors.strategy_floors`). A
-    strategy's fixed plans are built only when its floor is below the best time so far.
+    ``AUTO_GOOD_ENOUGH`` of it (after the last own variant; within
+    :data:`~meshcast.planning.budgets.NEAR_BOUND` of it after any stage) and no fixed plan can
+    be faster (built and simulated, or ruled out by its strategy's floor,
+    :func:`~meshcast.planning.floors.strategy_floors`). A strategy's fixed plans are built only
+    when its floor is below the best time so far.
     """
     if strategy in (None, "broadcast") and len(task.decomposition) > sim_limit:
         with collector_paused():
@@ -71,6 +79,7 @@ def auto_plan(
     if strategy in (None, "broadcast"):
         own = OwnMethod(task, topology, lbd, strategy, sim_limit)
         good = lbd.unmargined_s * (1 + AUTO_GOOD_ENOUGH)
+        near = lbd.unmargined_s * (1 + NEAR_BOUND)
         # (stage, whether "close enough" may end the work after it): the own variants one at a
         # time, so that one at the lower bound ends the work, but close enough only after all
         variants = own.variant_stages()
@@ -84,6 +93,8 @@ def auto_plan(
         while True:
             if pool.best_time() <= lbd.unmargined_s * (1 + CERTIFY_TOL):
                 return pool.plan(pool.best())  # at the lower bound: no plan is faster
+            if pool.best_time() <= near and fixed.settled():
+                return pool.plan(pool.best())  # no plan is faster by more than NEAR_BOUND
             if checkpoint and pool.best_time() <= good:
                 if fixed.settled():
                     return pool.plan(pool.best())
