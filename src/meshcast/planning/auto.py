@@ -27,7 +27,7 @@ from ..core.plan import Plan
 from ..core.task import ReshardTask
 from ..core.topology import Topology
 from ..estimate.lower_bound import LowerBound, lower_bound_details
-from ..estimate.simulate import simulated_time
+from ..estimate.simulate import simulated_time, time_floor
 from .balanced import balanced
 from .budgets import (
     AUTO_GOOD_ENOUGH,
@@ -57,15 +57,14 @@ def auto_plan(
     (or transfers, for the own method's variants) build one plan instead of simulating all.
 
     Work stops as soon as the rest cannot matter. The candidates come in stages: the vectorised
-    plans, our own variants, the fastest so far staggered, the seeded trials; the fixed
-    combinations as soon as the best is within
-    :data:`~meshcast.planning.budgets.AUTO_GOOD_ENOUGH` of the lower bound (else last). A
+    plans, our own variants (the first also staggered, kept only where that meets the bound),
+    the fastest so far staggered, the seeded trials; the fixed combinations as soon as the best
+    is within :data:`~meshcast.planning.budgets.AUTO_GOOD_ENOUGH` of the lower bound (else last). A
     stage's candidates keep their place in the tie order whenever they are built. Planning
     stops when the best meets the lower bound (within
     :data:`~meshcast.planning.budgets.CERTIFY_TOL`: no plan is faster), or is within
-    ``AUTO_GOOD_ENOUGH`` of it (after the last own variant; within
-    :data:`~meshcast.planning.budgets.NEAR_BOUND` of it after any stage) and no fixed plan can
-    be faster (built and simulated, or ruled out by its strategy's floor,
+    ``AUTO_GOOD_ENOUGH`` of it (after the last own variant; ``NEAR_BOUND`` after any stage)
+    and no fixed plan can be faster (built and simulated, or ruled out by its strategy's floor,
     :func:`~meshcast.planning.floors.strategy_floors`). A strategy's fixed plans are built only
     when its floor is below the best time so far.
     """
@@ -81,9 +80,11 @@ def auto_plan(
         good = lbd.unmargined_s * (1 + AUTO_GOOD_ENOUGH)
         near = lbd.unmargined_s * (1 + NEAR_BOUND)
         # (stage, whether "close enough" may end the work after it): the own variants one at a
-        # time, so that one at the lower bound ends the work, but close enough only after all
+        # time, so that one at the lower bound ends the work, but close enough only after all;
+        # after the first, it staggered where that meets the bound at once
         variants = own.variant_stages()
         stages = [(v, k == len(variants) - 1) for k, v in enumerate(variants)]
+        stages.insert(1, (lambda: _staggered_at_bound(pool, fixed, lbd), False))
         # then, unless close enough already, the fastest so far with its starts staggered
         stages.append((lambda: [] if pool.best_time() <= good else
                        _staggered(pool, pool.best(), 6), True))
@@ -129,6 +130,26 @@ def _finished(pool: CandidatePool, own: OwnMethod | None, lbd: LowerBound) -> Pl
         if searched is not None and searched[1] < pool.times[best]:
             return searched[0]
     return pool.plan(best)
+
+
+def _staggered_at_bound(pool: CandidatePool, fixed: FixedStage, lbd: LowerBound
+                        ) -> list[Candidate]:
+    """The fastest so far with its starts staggered (:func:`_staggered`) where that meets the
+    lower bound, or comes within ``NEAR_BOUND`` of it with no fixed plan faster (``auto`` then
+    keeps it at once); nothing otherwise, and nothing tried where the fastest is more than
+    ``AUTO_SEARCH_GAP`` above the bound (more than start-ups that collide holds it back)."""
+    bound = lbd.unmargined_s
+    near = bound * (1 + NEAR_BOUND)
+    if pool.best_time() > AUTO_SEARCH_GAP * bound:
+        return []
+    for c in _staggered(pool, pool.best(), 6):
+        plan = pool.plan(-1, c)
+        if time_floor(plan, pool.topology) > near:
+            continue  # cannot come within near of the bound
+        t = simulated_time(plan, pool.topology, until=near)
+        if t <= bound * (1 + CERTIFY_TOL) or (t <= near and fixed.settled()):
+            return [c]
+    return []
 
 
 def _without_allgathers(pool: CandidatePool) -> list[int]:

@@ -82,7 +82,8 @@ most this much. Set once on the planner suite: 0.001, 0.01, 0.02 and 0.05 gave g
 at most 64 unit slices planned in under 5 ms; not derived."""
 AUTO_SEARCH_GAP = 1.2
 """``"auto"`` improves its best plan by local search when it simulates above this many times the
-lower bound (docs/scheduling.md, step 9). Set once; not derived."""
+lower bound (docs/scheduling.md, step 9); below it, ``"auto"`` also tries its first own variant
+staggered at once (docs/scheduling.md, "Stages"). Set once; not derived."""
 AUTO_SEARCH_STEPS = 200
 """Moves the local search tries at most. Set once with :data:`AUTO_SEARCH_BUDGET`."""
 AUTO_SEARCH_BUDGET = 60_000
