@@ -57,10 +57,10 @@ def auto_plan(
     (or transfers, for the own method's variants) build one plan instead of simulating all.
 
     Work stops as soon as the rest cannot matter. The candidates come in stages: the vectorised
-    plans, our own variants (the first also staggered, kept only where that meets the bound),
-    the fastest so far staggered, the seeded trials; the fixed combinations as soon as the best
-    is within :data:`~meshcast.planning.budgets.AUTO_GOOD_ENOUGH` of the lower bound (else last). A
-    stage's candidates keep their place in the tie order whenever they are built. Planning
+    plans, our own variants (after the first, the fastest so far staggered where that meets the
+    bound), the fastest so far staggered, the seeded trials; the fixed combinations once the
+    best is within :data:`~meshcast.planning.budgets.AUTO_GOOD_ENOUGH` of the bound (else last).
+    A stage's candidates keep their place in the tie order whenever they are built. Planning
     stops when the best meets the lower bound (within
     :data:`~meshcast.planning.budgets.CERTIFY_TOL`: no plan is faster), or is within
     ``AUTO_GOOD_ENOUGH`` of it (after the last own variant; ``NEAR_BOUND`` after any stage)
@@ -81,7 +81,7 @@ def auto_plan(
         near = lbd.unmargined_s * (1 + NEAR_BOUND)
         # (stage, whether "close enough" may end the work after it): the own variants one at a
         # time, so that one at the lower bound ends the work, but close enough only after all;
-        # after the first, it staggered where that meets the bound at once
+        # after the first, the fastest so far staggered where that meets the bound at once
         variants = own.variant_stages()
         stages = [(v, k == len(variants) - 1) for k, v in enumerate(variants)]
         stages.insert(1, (lambda: _staggered_at_bound(pool, fixed, lbd), False))
