@@ -314,10 +314,12 @@ def _dies_mid_fan_out(rank: int, victim: int, out_dir: str) -> str:
 
             shm.ShmReader._wait = dying_wait
     os.environ["MESHCAST_INTRA"] = "shm"
-    task = ReshardTask((4 << 20,), "int32", Layout(Mesh([[0]]), "R"), Layout(DST, "R"))
-    local = torch.ones(4 << 20, dtype=torch.int32) if rank == 0 else None
+    task = ReshardTask((8 << 20,), "int32", Layout(Mesh([[0]]), "R"), Layout(DST, "R"))
+    local = torch.ones(8 << 20, dtype=torch.int32) if rank == 0 else None
     p = meshcast.plan(task, TOPOLOGY, strategy="broadcast")
-    # 4 pieces of 16 chunks
+    # 8 pieces of 16 chunks in a ring of 4 slots (shm.SLOTS): the leader writes the 6th piece
+    # only once every member acknowledged the 2nd, so a member that dies holds up its
+    # host-mates (with 4 pieces, no slot is reused: they could finish before its death is known)
     return _attempt(rank, out_dir, lambda: meshcast.reshard(local, p, timeout=20,
                                                             chunk_bytes=256 << 10))
 
