@@ -134,10 +134,11 @@ def _finished(pool: CandidatePool, own: OwnMethod | None, lbd: LowerBound) -> Pl
 
 def _staggered_at_bound(pool: CandidatePool, fixed: FixedStage, lbd: LowerBound
                         ) -> list[Candidate]:
-    """The fastest so far with its starts staggered (:func:`_staggered`) where that meets the
-    lower bound, or comes within ``NEAR_BOUND`` of it with no fixed plan faster (``auto`` then
-    keeps it at once); nothing otherwise, and nothing tried where the fastest is more than
-    ``AUTO_SEARCH_GAP`` above the bound (more than start-ups that collide holds it back)."""
+    """The fastest so far with its starts staggered (:func:`_staggered`), put in the pool with
+    its simulated time where that meets the lower bound, or comes within ``NEAR_BOUND`` of it
+    with no fixed plan faster (``auto`` then keeps it at once); nothing otherwise, and nothing
+    tried where the fastest is more than ``AUTO_SEARCH_GAP`` above the bound (more than
+    start-ups that collide holds it back). Returns no candidates to simulate again."""
     bound = lbd.unmargined_s
     near = bound * (1 + NEAR_BOUND)
     if pool.best_time() > AUTO_SEARCH_GAP * bound:
@@ -148,7 +149,8 @@ def _staggered_at_bound(pool: CandidatePool, fixed: FixedStage, lbd: LowerBound
             continue  # cannot come within near of the bound
         t = simulated_time(plan, pool.topology, until=near)
         if t <= bound * (1 + CERTIFY_TOL) or (t <= near and fixed.settled()):
-            return [c]
+            pool.add([c], t)  # t is exact: the simulation stops early only above near
+            break
     return []
 
 
