@@ -25,6 +25,22 @@ def test_stages_merge_by_name_and_replicas_merge_into_a_replicated_axis() -> Non
                                                                [Replicate(), Shard(0)])
 
 
+def test_strided_replicas_merge_into_a_replicated_axis() -> None:
+    # FSDP2 + TP on a (dp, fsdp, tp) mesh: a column-parallel weight is
+    # (_StridedShard(0, sf=2), Shard(0)) on each data-parallel member's (fsdp, tp) sub-mesh, a
+    # layout with no plain placements
+    members = {0: [[0, 1], [2, 3]], 1: [[4, 5], [6, 7]]}
+    spec = "S0[2]1R"
+    merged = merge_side({m: describe_params({"w": ParamSpec((9, 4), "bfloat16", Layout(
+        Mesh(ranks), spec))}) for m, ranks in members.items()}, "trainer")
+    layout = Layout.from_json(merged["w"]["layout"])
+    assert layout == Layout(Mesh([[[0, 1], [2, 3]], [[4, 5], [6, 7]]]), "S1[2]2R")
+    for ranks in members.values():  # each rank holds what it held on its member
+        member = Layout(Mesh(ranks), spec)
+        for r in member.mesh.devices:
+            assert layout.region(r, (9, 4)) == member.region(r, (9, 4))
+
+
 def test_ranks_that_disagree_are_named() -> None:
     with pytest.raises(ValueError, match=r"trainer ranks 0 and 1 describe 'w' differently "
                                          r"\(shape \(8, 4\), float32"):

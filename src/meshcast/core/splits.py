@@ -23,6 +23,7 @@ then ``Shard`` on axis 1); a fused dimension in braces, ``{q=4096:S1+k=1024:S1+v
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +91,15 @@ class DimSplit:
     def sizes(self) -> tuple[int, ...] | None:
         """The parts' sizes (None: not fused)."""
         return tuple(p.size for p in self.parts) if self.parts else None
+
+    def renumbered(self, new_axis: Mapping[int, int]) -> DimSplit:
+        """The same split with each mesh axis ``a`` called ``new_axis[a]``."""
+        def steps(s: tuple[Step, ...]) -> tuple[Step, ...]:
+            return tuple((new_axis[a], f) for a, f in s)
+
+        if self.parts:
+            return DimSplit(parts=tuple(Part(p.name, p.size, steps(p.steps)) for p in self.parts))
+        return DimSplit(steps=steps(self.steps))
 
 
 def steps_token(steps: tuple[Step, ...]) -> str:

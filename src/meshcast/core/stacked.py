@@ -19,7 +19,7 @@ import numpy as np
 from .checks import as_shape
 from .layout import Layout
 from .mesh import Mesh
-from .splits import DimSplit, Part
+from .splits import DimSplit
 
 __all__ = ["index_layout", "index_local"]
 
@@ -46,15 +46,6 @@ def _holder(layout: Layout, shape: tuple[int, ...], dim: int, index: int) -> int
     raise AssertionError("every index of a dimension is held by some rank")  # pragma: no cover
 
 
-def _renumbered(split: DimSplit, new_axis: dict[int, int]) -> DimSplit:
-    def steps(s):
-        return tuple((new_axis[a], f) for a, f in s)
-
-    if split.parts:
-        return DimSplit(parts=tuple(Part(p.name, p.size, steps(p.steps)) for p in split.parts))
-    return DimSplit(steps=steps(split.steps))
-
-
 def index_layout(
     layout: Layout, shape: Sequence[int], dim: int, index: int
 ) -> tuple[Layout, tuple[int, ...]]:
@@ -72,7 +63,7 @@ def index_layout(
     mesh = Mesh(devices if kept else np.asarray([devices]))
     new_axis = {a: i for i, a in enumerate(kept)}
     splits = layout.splits(len(shape))
-    tokens = [_renumbered(s, new_axis).token() for d, s in enumerate(splits) if d != dim]
+    tokens = [s.renumbered(new_axis).token() for d, s in enumerate(splits) if d != dim]
     return Layout(mesh, "".join(tokens)), (*shape[:dim], *shape[dim + 1:])
 
 

@@ -130,25 +130,31 @@ def merge_side(records: Mapping[int, Mapping[str, dict]], role: str) -> dict[str
 
 def _replica(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether ``b`` is ``a`` on other ranks (another member of a DTensor's sub-mesh family: a
-    data-parallel replica): the same shape, dtype and placements on a disjoint mesh of the same
-    shape."""
-    if (a["shape"], a["dtype"]) != (b["shape"], b["dtype"]) or "placements" not in a["layout"] \
-            or a["layout"].get("placements") != b["layout"].get("placements"):
+    data-parallel replica): the same shape, dtype and split (placements or spec) on a disjoint
+    mesh of the same shape."""
+    if (a["shape"], a["dtype"]) != (b["shape"], b["dtype"]) or _split_of(a) != _split_of(b):
         return False
     ma, mb = Mesh.from_json(a["layout"]["mesh"]), Mesh.from_json(b["layout"]["mesh"])
     return ma.shape == mb.shape and not set(ma.devices) & set(mb.devices)
 
 
+def _split_of(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """How an entry's layout splits the tensor, without its mesh (placements or spec)."""
+    return {k: v for k, v in entry["layout"].items() if k != "mesh"}
+
+
 def _replicated(entries: list[dict]) -> dict:
     """Replicas (:func:`_replica`) as one entry: their meshes stacked on a new first axis, over
-    which the tensor is replicated."""
+    which the tensor is replicated (each mesh axis of the members' layout one further on)."""
     import numpy as np
-
-    from ..core.layout import Replicate
 
     base = Layout.from_json(entries[0]["layout"])
     mesh = Mesh(np.stack([Mesh.from_json(e["layout"]["mesh"]).array for e in entries]))
-    layout = Layout(mesh, [Replicate(), *base.placements])
+    later = {a: a + 1 for a in range(base.mesh.ndim)}
+    spec = "".join(s.renumbered(later).token() for s in base.splits(len(entries[0]["shape"])))
+    layout = Layout(mesh, spec)
+    if base.ndim is None:  # placement-style, as given
+        layout = Layout(mesh, list(layout.placements))
     return {**entries[0], "layout": layout.to_json()}
 
 
