@@ -265,6 +265,21 @@ def _one_rank_arguments(rank: int, task: ReshardTask, p, local) -> dict:
                                                  box[1].stop - box[1].start))
     report["one out twice"] = _refused(lambda: meshcast.reshard_many(
         [local, local], [p, p], out=[both, both], timeout=TIMEOUT))
+    # arguments that are no group or no list on one rank: refused there before anything else,
+    # and on every other rank at once (the calls after them stay in step: "after one rank")
+    report["group"] = _refused(lambda: meshcast.reshard(
+        local, p, group="bogus" if rank == 1 else None, timeout=TIMEOUT))
+    report["many tensors"] = _refused(lambda: meshcast.reshard_many(
+        None if rank == 3 else [local], [p], timeout=TIMEOUT))
+    report["many out"] = _refused(lambda: meshcast.reshard_many(
+        [local], [p], out=5 if rank == 0 else None, timeout=TIMEOUT))
+    # a result no machine can hold (an exbibyte from a stride-0 view of one byte) on rank 5
+    huge = ReshardTask((1 << 60,), "uint8", Layout(Mesh([0]), "R"), Layout(Mesh([5]), "R"))
+    one = torch.zeros(1, dtype=torch.uint8).expand(1 << 60) if rank == 0 else None
+    report["result memory"] = _refused(lambda: meshcast.reshard(
+        one, meshcast.plan(huge, TOPOLOGY), timeout=TIMEOUT))
+    report["many result memory"] = _refused(lambda: meshcast.reshard_many(  # in one bucket
+        [one], [meshcast.plan(huge, TOPOLOGY)], bucket_bytes=1 << 61, timeout=TIMEOUT))
     group = dist.new_group([0, 1, 2, 3])  # ranks 4-7 are outside: None at once
     inner = ReshardTask((8,), "int32", Layout(Mesh([0, 1]), "S0"), Layout(Mesh([2, 3]), "R"))
     full = torch.arange(8, dtype=torch.int32)
@@ -397,6 +412,33 @@ def test_what_one_rank_gets_wrong_is_refused_on_every_rank(job) -> None:
         for rank, text in enumerate(_messages(job, key)):
             assert text.startswith("ValueError: ") and rule in text, (key, rank, text)
             assert rank == culprit or f"rank {culprit}" in text, (key, rank, text)
+
+
+@pytest.mark.timeout(600)
+def test_a_bad_group_or_list_or_a_result_that_cannot_be_allocated_is_refused_everywhere(job
+                                                                                      ) -> None:
+    for key, culprit, error, rule in (
+        ("group", 1, "TypeError", "group must be a torch.distributed.ProcessGroup, a meshcast "
+                                  "JointGroup or None (the default group), got str"),
+        ("many tensors", 3, "TypeError", "tensors must be a sequence with one entry per plan, "
+                                         "got NoneType"),
+        ("many out", 0, "TypeError", "out must be a sequence with one entry per plan, got int"),
+    ):
+        for rank, text in enumerate(_messages(job, key)):
+            if rank == culprit:
+                assert text == f"{error}: {rule}", (key, text)
+            else:
+                assert text.startswith("ValueError: ") and (
+                    f"rank {culprit} refused its call before joining it (an argument error: "
+                    f"{rule})") in text, (key, rank, text)
+    for key in ("result memory", "many result memory"):
+        texts = _messages(job, key)
+        for rank in (0, 5):
+            assert texts[rank].startswith("ValueError: ") and (
+                "its result (1,152,921,504,606,846,976 bytes on cpu) cannot be allocated: "
+                in texts[rank]) and "nothing was sent" in texts[rank], (key, rank, texts[rank])
+        assert "ranks [5] passed inputs that do not fit the plans" in texts[0], texts[0]
+        assert [texts[r] for r in (1, 2, 3, 4, 6, 7)] == ["no error"] * 6
 
 
 @pytest.mark.timeout(600)

@@ -117,8 +117,9 @@ def _raise_refusal(call: Call, records: dict[int, dict], verdict: dict[str, Any]
         problem = _compare(call, records)
         raise ValueError(f"{call.caller} on rank {call.me}: {problem}; nothing was sent")
     text = verdict["reason"]
-    if verdict["by"] != call.me:  # say it from this rank's side where it can
-        own = None if verdict.get("missing") else _conflict(
+    if verdict["by"] != call.me:  # say it from this rank's side where it can (not after a
+        # refusal before joining: the refusing rank may be in its next call already)
+        own = None if verdict.get("missing") or verdict.get("early") else _conflict(
             call, [q for q in call.ranks if q not in records], what)
         text = own[1] if own is not None else (
             f"rank {verdict['by']} called the call off: {verdict['reason']}")
@@ -370,7 +371,7 @@ def refuse_early(group: object, me: int, what: str, family: str | None = None) -
         if number is not None:  # the name used up is settled: a peer whose count of the family
             # lags (it refused another family at an earlier step) renumbers past it (_gather)
             key = f"meshcast/c/{family}/{number}"
-            verdict = {"ok": False, "by": me, "step": refusal["step"],
+            verdict = {"ok": False, "by": me, "step": refusal["step"], "early": True,
                        "reason": f"rank {me} refused its call before joining it ({what})"}
             store.compare_set(f"{key}/verdict", "", json.dumps(verdict))
             store.append(f"{key}/records", json.dumps({"called_off": True}) + "\n")

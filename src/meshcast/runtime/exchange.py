@@ -26,7 +26,7 @@ from ..core.plan import Plan
 from ..planning.many import Schedule, Segment
 from .p2p import Failures, Links, PeerFault
 from .shm_messages import ShmMessages, ShmSend
-from .tensors import as_carrier, check_local, empty_out, torch_dtype
+from .tensors import as_carrier, check_local, torch_dtype
 
 __all__ = ["Exchange", "ManyStats", "is_maker"]
 
@@ -81,8 +81,9 @@ class Posted(NamedTuple):
 
 
 class Exchange:
-    """This rank's part of a schedule on carrier tensors (runtime/tensors.py); ``intra``: the
-    path of messages between ranks of one host (``"shm"``: shm_messages.py, for CPU tensors)."""
+    """This rank's part of a schedule on carrier tensors (runtime/tensors.py): ``outs``, the
+    results (None where this rank receives no part of a tensor); ``intra``: the path of messages
+    between ranks of one host (``"shm"``: shm_messages.py, for CPU tensors)."""
 
     def __init__(self, plans: list[Plan], schedule: Schedule, me: int, tensors: list, outs: list,
                  dev: torch.device, links: Links, failures: Failures, overlap: bool = False,
@@ -102,11 +103,7 @@ class Exchange:
                            for t in tensors]
         self.made: dict[int, int] = {}  # made sources alive: tensor -> bytes
         self.last_use = self._last_uses() if any(is_maker(t) for t in tensors) else {}
-        self.outs: list[torch.Tensor | None] = [
-            as_carrier(o) if o is not None else None if b is None
-            else empty_out(b, p.task.itemsize, dev)
-            for p, b, o in zip(plans, self.dst_regions, outs)
-        ]
+        self.outs: list[torch.Tensor | None] = list(outs)
         self.stats = ManyStats(buckets=len(schedule.buckets))
         self._pending: list[Posted] = []  # the previous phase's sends (overlap)
 

@@ -23,7 +23,7 @@ from .p2p import Failures, Links
 from .runner import Runner
 from .segments import release_segments
 from .shm import intra_setting
-from .tensors import as_carrier, check_local, check_out, empty_out, torch_dtype
+from .tensors import allocate_out, as_carrier, check_local, check_out, torch_dtype
 from .transport_collectives import Collectives
 from .transport_p2p import PointToPoint
 
@@ -161,10 +161,10 @@ def reshard(
     caller gave up (the call is then called off on every rank) or None. ``out`` (any strides)
     receives the destination shard in place and is returned; checked like ``local``.
     """
-    if not_a_member(group, [local, out]):
-        return None
     with call_interrupts() as interrupted:  # from the argument checks on (interrupt.py)
         try:
+            if not_a_member(group, [local, out]):
+                return None
             inside = _validate(local, plan, group)
             if not inside:
                 bad = _bad_argument(timeout, chunk_bytes, max_inflight_bytes, transport)
@@ -178,10 +178,10 @@ def reshard(
         if not inside:
             next_step(group if group is not None else dist.group.WORLD)
             return None
-        call, dev, how = _join(local, out, plan, group, timeout, chunk_bytes, max_inflight_bytes,
-                               device, transport, abort, interrupted)
-        return _transfer(call, local, out, plan, dev, timeout, chunk_bytes, max_inflight_bytes,
-                         ordered, how)
+        call, dev, how, fresh = _join(local, out, plan, group, timeout, chunk_bytes,
+                                      max_inflight_bytes, device, transport, abort, interrupted)
+        return _transfer(call, local, out, fresh, plan, dev, timeout, chunk_bytes,
+                         max_inflight_bytes, ordered, how)
 
 
 def _join(
@@ -189,9 +189,10 @@ def _join(
     group: dist.ProcessGroup | None, timeout: float,
     chunk_bytes: int, max_inflight_bytes: int, device: object, transport: str | None,
     abort: Callable[[], str | None] | None, interrupted: Callable[[], bool],
-) -> tuple[Call, torch.device, str]:
-    """Check this rank's inputs and agree with the plan's ranks (raises on every rank if any
-    rank cannot go ahead); the call, the result's device and the transport."""
+) -> tuple[Call, torch.device, str, torch.Tensor | None]:
+    """Check this rank's inputs and allocate its result where ``out`` is None, and agree with the
+    plan's ranks (raises on every rank if any rank cannot go ahead); the call, the result's
+    device, the transport and the result allocated."""
     task = plan.task
     me = dist.get_rank(group)
     # what this rank cannot use is an error of the agreement, so that every rank refuses it
@@ -214,6 +215,10 @@ def _join(
                  f"data before it is sent; pass a separate tensor")
     intra, why = _intra(how)
     error = error or why
+    fresh = None
+    if error is None and out is None:
+        fresh, why = allocate_out(task.dst_region(me), task.itemsize, dev)
+        error = why
     wait = float(timeout) if error is None else DEFAULT_TIMEOUT
     p2p_group = group if group is not None else dist.group.WORLD
     call = Call(p2p_group, plan.ranks, me, "meshcast.reshard", wait, plan_digest(plan))
@@ -223,25 +228,24 @@ def _join(
                 f"{plan.topology.num_hosts} hosts (digest {plan_digest(plan)})",
         "options": {"chunk_bytes": chunk_bytes, "transport": how, "intra": intra},
     }, abort, interrupted)
-    return call, dev, how
+    return call, dev, how, fresh
 
 
 def _transfer(
-    call: Call, local: torch.Tensor | None, into: torch.Tensor | None, plan: Plan,
-    dev: torch.device, timeout: float,
+    call: Call, local: torch.Tensor | None, into: torch.Tensor | None,
+    fresh: torch.Tensor | None, plan: Plan, dev: torch.device, timeout: float,
     chunk_bytes: int, max_inflight_bytes: int, ordered: bool, transport: str,
 ) -> torch.Tensor | None:
-    """Move the data of an agreed call; this rank's destination shard."""
+    """Move the data of an agreed call into ``into`` (the caller's) or else ``fresh``; this
+    rank's destination shard."""
     task, me, group = plan.task, call.me, call.group
     world = group is dist.group.WORLD
 
     def to_global(r: int) -> int:
         return r if world else dist.get_global_rank(group, r)
 
-    dst_region = task.dst_region(me)
     src = None if local is None else as_carrier(local)
-    out = (None if dst_region is None else empty_out(dst_region, task.itemsize, dev)
-           if into is None else as_carrier(into))
+    out = fresh if into is None else as_carrier(into)
     failures = Failures(call, float(timeout))
     # byte counters count by the real hosts
     hosts = real_host_map(plan.ranks, plan.topology.hosts_by_rank, to_global)
@@ -285,7 +289,11 @@ def _validate(local: object, plan: object, group: dist.ProcessGroup | None) -> b
 
 def not_a_member(group: object, given: list) -> bool:
     """Whether this process is outside ``group`` (a process group it is not a member of);
-    ``ValueError`` if it is and was ``given`` tensors (or anything but None)."""
+    ``ValueError`` if it is and was ``given`` tensors (or anything but None), ``TypeError`` if
+    ``group`` is not a group."""
+    if not _is_group(group):
+        raise TypeError(f"group must be a torch.distributed.ProcessGroup, a meshcast JointGroup "
+                        f"or None (the default group), got {type(group).__name__}")
     outside = (group is not None and not isinstance(group, JointGroup) and dist.is_available()
                and dist.is_initialized() and dist.get_rank(group) < 0)
     if outside and any(t is not None for t in given):
@@ -301,16 +309,33 @@ def require_distributed(caller: str) -> None:
                            f"(or run under meshcast.launch / torchrun)")
 
 
-def publish_refusal(group: dist.ProcessGroup | None, exc: BaseException,
-                    family: str | None = None) -> None:
+def _is_group(group: object) -> bool:
+    """Whether ``group`` is a group argument: None, a process group (or what ``new_group`` gives
+    a rank outside it) or a joint group."""
+    return group is None or isinstance(group, JointGroup) or (dist.is_available() and (
+        isinstance(group, dist.ProcessGroup) or group == dist.GroupMember.NON_GROUP_MEMBER))
+
+
+def _rank_in(group: object) -> tuple[object, int] | None:
+    """The group whose waiting peers an argument error is told to, and this rank in it: ``group``,
+    or the default group where ``group`` is not a group (the peers most likely wait there); None
+    without a process group, or where this rank is not in it (nobody waits for it there)."""
+    if isinstance(group, JointGroup):
+        return group, group.me
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    g = group if group is not None and _is_group(group) else dist.group.WORLD
+    me = dist.get_rank(g)
+    return (g, me) if me >= 0 else None
+
+
+def publish_refusal(group: object, exc: BaseException, family: str | None = None) -> None:
     """After an argument error found before the agreement: tell waiting peers (agree.py).
     ``family``: the refused call's plan family where this rank is one of its ranks
     (:func:`call_family`)."""
-    if isinstance(group, JointGroup):
-        refuse_early(group, group.me, f"an argument error: {exc}", family)
-    elif dist.is_available() and dist.is_initialized():
-        g = group if group is not None else dist.group.WORLD
-        refuse_early(g, dist.get_rank(group), f"an argument error: {exc}", family)
+    where = _rank_in(group)
+    if where is not None:
+        refuse_early(where[0], where[1], f"an argument error: {exc}", family)
 
 
 def call_family(plans: object, group: object, digest: Callable[[list[Plan]], str]
@@ -320,14 +345,11 @@ def call_family(plans: object, group: object, digest: Callable[[list[Plan]], str
     there is no process group."""
     if not isinstance(plans, list) or not plans or not all(isinstance(p, Plan) for p in plans):
         return None
-    if isinstance(group, JointGroup):
-        me = group.me
-    elif dist.is_available() and dist.is_initialized():
-        me = dist.get_rank(group)
-    else:
+    where = _rank_in(group)
+    if where is None:
         return None
     ranks = sorted({r for p in plans for r in p.ranks})
-    return family_of(ranks, digest(plans)) if me in ranks else None
+    return family_of(ranks, digest(plans)) if where[1] in ranks else None
 
 
 def finish_call(call: Call, failures: Failures) -> None:

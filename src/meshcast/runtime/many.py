@@ -43,7 +43,7 @@ from .joint import JointGroup, group_rank, group_size, to_global_of
 from .overlap import shared_pair
 from .p2p import Failures, Links
 from .shm import intra_setting
-from .tensors import check_local, check_out, torch_dtype
+from .tensors import allocate_out, as_carrier, check_local, check_out, torch_dtype
 
 __all__ = ["ManyStats", "agree_before", "last_many_stats", "reshard_many", "run_many"]
 
@@ -55,6 +55,14 @@ def last_many_stats() -> ManyStats:
     """Counters of this process's last :func:`reshard_many` call (empty ones before any, or
     after :func:`meshcast.clear_caches`)."""
     return _last.get("last") or ManyStats()
+
+
+def _as_list(given: object, argument: str) -> list:
+    """``given`` (a sequence, one entry per plan) as a list; ``TypeError`` if it is not one."""
+    if isinstance(given, (str, bytes, dict, torch.Tensor)) or not hasattr(given, "__iter__"):
+        raise TypeError(f"{argument} must be a sequence with one entry per plan, got "
+                        f"{type(given).__name__}")
+    return list(given)
 
 
 def _check_arguments(tensors: list, plans: list, bucket_bytes: object, timeout: object,
@@ -153,12 +161,12 @@ def run_many(
     source on demand, and ``overlap`` packs the next phase while the current one's sends are in
     flight (exchange.py; the schedule is then cut at half of ``bucket_bytes``). ``sync`` names
     the weight sync and step the call belongs to, agreed like an option (weight_sync.py)."""
-    plans, tensors = list(plans), list(tensors)
-    outs = [None] * len(plans) if out is None else list(out)
-    if not_a_member(group, tensors + outs):
-        return [None] * len(plans)
     with call_interrupts() as sigint:  # from the argument checks on (interrupt.py)
         try:
+            plans, tensors = _as_list(plans, "plans"), _as_list(tensors, "tensors")
+            outs = [None] * len(plans) if out is None else _as_list(out, "out")
+            if not_a_member(group, tensors + outs):
+                return [None] * len(plans)
             _check_arguments(tensors, plans, bucket_bytes, timeout, isinstance(group, JointGroup),
                              outs, names)
             schedule = build_schedule(plans,
@@ -177,14 +185,15 @@ def run_many(
             _outside(tensors + outs, errors, label + [f"out[{k}]" for k in range(len(outs))], me,
                      where, caller)
             return [None] * len(plans)
-        call, dev, intra = _join(tensors, outs, plans, ranks, me, errors, label,
-                                 {"bucket_bytes": bucket_bytes, "sync": sync}, names is not None,
-                                 timeout, device, where, caller, sigint)
+        call, dev, intra, carriers = _join(tensors, outs, plans, ranks, me, errors, label,
+                                           {"bucket_bytes": bucket_bytes, "sync": sync},
+                                           names is not None, timeout, device, where, caller,
+                                           sigint)
         links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group),
                       float(timeout))
         failures = Failures(call, float(timeout))
-        run = Exchange(plans, schedule, me, tensors, outs, dev, links, failures, overlap, label,
-                       intra or "socket")
+        run = Exchange(plans, schedule, me, tensors, carriers, dev, links, failures, overlap,
+                       label, intra or "socket")
         with interrupts_as_failures(failures) as interrupted:
             run.run()
         end_call(call, failures, interrupted[0])
@@ -249,11 +258,12 @@ def _join(
     errors: list[str], label: list[str], options: dict, named: bool, timeout: float,
     device: torch.device | str | None, where: object, caller: str,
     interrupted: Callable[[], bool],
-) -> tuple[Call, torch.device, str | None]:
-    """Check this rank's shards and agree with the plans' ranks on the plans, ``options``, and
-    the tensors' names where ``named`` (``label``); raises on every rank if any rank cannot go
-    ahead. The call, the results' device and the intra-host path (shm.py; None for CUDA tensors,
-    which have no path of their own)."""
+) -> tuple[Call, torch.device, str | None, list[torch.Tensor | None]]:
+    """Check this rank's shards, allocate the results ``outs`` does not give, and agree with the
+    plans' ranks on the plans, ``options``, and the tensors' names where ``named`` (``label``);
+    raises on every rank if any rank cannot go ahead. The call, the results' device, the
+    intra-host path (shm.py; None for CUDA tensors, which have no path of their own) and the
+    results as carriers (tensors.py; None where this rank receives no part of a tensor)."""
     try:
         dev = _device(tensors + outs, device, None if where is dist.group.WORLD else where)
     except ValueError as exc:
@@ -277,6 +287,7 @@ def _join(
     if shared is not None:
         errors.append(f"{shared[0]} shares memory with {shared[1]} on rank {me}: a result "
                       f"would overwrite data still to be read or written; pass separate tensors")
+    carriers = _results(plans, outs, me, dev, errors)
     digest = _plans_digest(plans)
     call = Call(where, ranks, me, caller, float(timeout), digest)
     error = None
@@ -287,7 +298,21 @@ def _join(
         "names": _names_digest(label) if named else None,
         "what": f"{len(plans)} plans (digest {digest}), the first {plans[0].task.describe()}",
     }, interrupted=interrupted)
-    return call, dev, intra
+    return call, dev, intra, carriers
+
+
+def _results(plans: list[Plan], outs: list, me: int, dev: torch.device, errors: list[str]
+             ) -> list[torch.Tensor | None]:
+    """Where this rank's results go, as carriers: ``outs[k]``, else a new tensor (none once an
+    error is found: the call is refused; a result that cannot be allocated is such an error)."""
+    carriers: list[torch.Tensor | None] = []
+    for p, o in zip(plans, outs):
+        fresh, why = (None, None) if o is not None or errors else allocate_out(
+            p.task.dst_region(me), p.task.itemsize, dev)
+        if why is not None:
+            errors.append(why)
+        carriers.append(as_carrier(o) if o is not None else fresh)
+    return carriers
 
 
 def _names_digest(names: Sequence[str]) -> str:

@@ -11,6 +11,8 @@ strides are odd.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..core.region import Region
@@ -18,6 +20,7 @@ from ..core.task import ReshardTask
 from .overlap import may_overlap_itself
 
 __all__ = [
+    "allocate_out",
     "as_bytes",
     "as_carrier",
     "carrier_dtype",
@@ -78,6 +81,20 @@ def empty_out(region: Region, itemsize: int, device: torch.device) -> torch.Tens
     every element of it exactly once (``Plan.check``), and a failed call returns nothing, so
     zeroing it first would only cost a pass over its memory."""
     return torch.empty(region.shape, dtype=carrier_dtype(itemsize), device=device)
+
+
+def allocate_out(region: Region | None, itemsize: int, device: torch.device
+                 ) -> tuple[torch.Tensor | None, str | None]:
+    """:func:`empty_out` where this rank has a destination ``region`` (None where it has none),
+    or why it cannot be allocated (no memory left, a device this build lacks): found before the
+    agreement, so that every rank refuses the call instead of waiting for this one."""
+    if region is None:
+        return None, None
+    try:
+        return empty_out(region, itemsize, device), None
+    except (RuntimeError, AssertionError, MemoryError) as exc:
+        nbytes = math.prod(region.shape) * itemsize
+        return None, f"its result ({nbytes:,} bytes on {device}) cannot be allocated: {exc}"
 
 
 def check_local(
