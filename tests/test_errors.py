@@ -136,6 +136,35 @@ def test_plan_json_with_a_missing_or_malformed_field():
         mc.Plan.from_json(None)
 
 
+def test_layout_mesh_and_topology_constructors_say_what_is_wrong():
+    with pytest.raises(TypeError, match="a layout to parse must be a string like '2x4:S0RR', "
+                                        "got NoneType"):
+        mc.Layout.parse(None)
+    with pytest.raises(ValueError, match="not a complete layout: the field 'mesh' is missing"):
+        mc.Layout.from_json({})
+    with pytest.raises(ValueError, match="not a complete mesh: the field 'shape' is missing"):
+        mc.Mesh.from_json({"devices": [0, 1]})
+    with pytest.raises(ValueError, match=r"fused dimension '\{\}' in spec '\{\}R' is empty"):
+        mc.Layout.parse("2x2:{}R")
+    with pytest.raises(ValueError, match="1,000,000,000 hosts of 1,000,000,000 ranks are "
+                                         "1,000,000,000,000,000,000 ranks; meshcast plans "
+                                         "meshes of at most 4,194,304"):
+        mc.Topology.uniform(10**9, 10**9)
+    with pytest.raises(ValueError, match=r"hosts: rank 1180591620717411303424 is not below 2\^63"):
+        mc.Topology([[2**70]])
+
+
+def test_a_split_factor_far_above_the_size_costs_nothing_more():
+    # _StridedShard(0, sf) with sf above the dimension's size: every index is its own piece;
+    # the regions are those of the size's own factor, whatever sf (it was a loop over sf)
+    mesh = mc.Mesh([[0, 1], [2, 3]])
+    small = mc.ReshardTask((8, 5), "float32", mc.Layout(mesh, "S0[8]1R"), mc.Layout(mesh, "RS0"))
+    huge = mc.ReshardTask((8, 5), "float32", mc.Layout(mesh, "S0[99999999999999999999]1R"),
+                          mc.Layout(mesh, "RS0"))
+    assert [huge.src_region(r) for r in range(4)] == [small.src_region(r) for r in range(4)]
+    assert [huge.src_region(r).runs[0] for r in range(4)] == [((0, 4),), ((4, 8),), (), ()]
+
+
 def test_scatter_and_gather_take_the_notation():
     x = np.arange(32).reshape(8, 4)
     assert mc.gather(mc.scatter(x, "2x4:S0R"), "2x4:S0R").tolist() == x.tolist()

@@ -137,6 +137,9 @@ class Layout:
     def parse(cls, text: str) -> Layout:
         """From the CLI notation ``SHAPE[@FIRST]:SPEC``, e.g. ``"2x4@8:RRS0"``: a 2x4 mesh of
         consecutive ranks starting at 8, with layout ``RRS0``."""
+        if not isinstance(text, str):
+            raise TypeError(f"a layout to parse must be a string like '2x4:S0RR', got "
+                            f"{type(text).__name__}")
         mesh_text, sep, spec = text.partition(":")
         shape_text, bracket, ranks_text = mesh_text.partition("[")
         shape_text, at, first = shape_text.partition("@")
@@ -380,9 +383,14 @@ class Layout:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Layout:
-        """Inverse of :meth:`to_json`."""
-        mesh = Mesh.from_json(data["mesh"])
-        if "spec" in data:
-            return cls(mesh, data["spec"])
-        return cls(mesh, [placement_of_json(p) for p in data["placements"]])
+        """Inverse of :meth:`to_json`; ``ValueError`` for a missing or malformed field."""
+        try:
+            mesh = Mesh.from_json(data["mesh"])
+            if "spec" in data:
+                return cls(mesh, data["spec"])
+            return cls(mesh, [placement_of_json(p) for p in data["placements"]])
+        except KeyError as exc:
+            raise ValueError(f"not a complete layout: the field {exc} is missing") from None
+        except (TypeError, AttributeError) as exc:
+            raise ValueError(f"not a valid layout: {exc}") from None
 

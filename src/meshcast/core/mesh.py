@@ -159,5 +159,10 @@ class Mesh:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Mesh:
-        """Inverse of :meth:`to_json`."""
-        return cls(np.asarray(data["devices"], dtype=np.int64).reshape(data["shape"]))
+        """Inverse of :meth:`to_json`; ``ValueError`` for a missing or malformed field."""
+        try:
+            return cls(np.asarray(data["devices"], dtype=np.int64).reshape(data["shape"]))
+        except KeyError as exc:
+            raise ValueError(f"not a complete mesh: the field {exc} is missing") from None
+        except (TypeError, AttributeError, OverflowError) as exc:
+            raise ValueError(f"not a valid mesh: {exc}") from None

@@ -138,8 +138,11 @@ def _parse_part(text: str, whole: str) -> Part:
 def parse_token(text: str, whole: str) -> DimSplit:
     """One dimension's token (module docstring); ``whole`` is the spec, for messages."""
     if text.startswith("{"):
-        if not text.endswith("}") or len(text) < 3:
+        if not text.endswith("}"):
             raise ValueError(f"fused dimension {text!r} in spec {whole!r} must end with '}}'")
+        if len(text) < 3:
+            raise ValueError(f"fused dimension {text!r} in spec {whole!r} is empty: list its "
+                             f"parts, e.g. {{q=4096:S1+k=1024:S1}}")
         parts = tuple(_parse_part(p, whole) for p in text[1:-1].split("+"))
         names = [p.name for p in parts]
         if len(set(names)) != len(names):
@@ -186,7 +189,8 @@ def _apply(tiles: list[Runs], step: Step, k: int) -> list[Runs]:
     out: list[Runs] = []
     for runs in tiles:
         m = sum(b - a for a, b in runs)
-        pieces = [chunk_range(m, f, j) for j in range(f)]
+        size = -(-m // f)  # the non-empty pieces of chunk_range(m, f, j): at most min(f, m)
+        pieces = [(lo, min(lo + size, m)) for lo in range(0, m, size)] if m else []
         for i in range(k):
             held: Runs = []
             for lo, hi in pieces:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import as_index
-from .mesh import Mesh
+from .mesh import MAX_MESH_RANKS, Mesh
 
 __all__ = ["EMULATED_INTRA_GBPS", "PRESETS", "Topology", "preset_links"]
 
@@ -94,6 +94,8 @@ class Topology:
         host_of: dict[int, int] = {}
         for h, ranks in enumerate(hosts):
             for r in ranks:
+                if r >= 2**63:
+                    raise ValueError(f"hosts: rank {r} is not below 2^63")
                 if r in host_of:
                     raise ValueError(f"hosts: rank {r} is on host {host_of[r]} and on host {h}")
                 host_of[r] = h
@@ -143,6 +145,9 @@ class Topology:
         dph = as_index(devices_per_host, "devices_per_host")
         if num_hosts == 0 or dph == 0:
             raise ValueError("num_hosts and devices_per_host must be at least 1")
+        if num_hosts * dph > MAX_MESH_RANKS:
+            raise ValueError(f"{num_hosts:,} hosts of {dph:,} ranks are {num_hosts * dph:,} "
+                             f"ranks; meshcast plans meshes of at most {MAX_MESH_RANKS:,}")
         first = as_index(first_rank, "first_rank")
         hosts = tuple(
             tuple(range(first + h * dph, first + (h + 1) * dph)) for h in range(num_hosts)
