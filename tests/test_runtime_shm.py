@@ -268,7 +268,9 @@ def test_a_bad_or_mixed_intra_setting_is_refused_on_every_rank(job: list[dict]) 
         job[2]["refusals"]["bad"], job[2]["refusals"]["bad"]
     for rank, r in enumerate(job):
         if rank != 2:
-            assert "ranks [2] passed intra='bogus'" in r["refusals"]["bad"], r["refusals"]["bad"]
+            assert ("ranks [2] passed inputs that do not fit the plans (rank 2: $MESHCAST_INTRA "
+                    "must be 'shm' or 'socket' (or unset), got 'bogus')") in r["refusals"]["bad"], \
+                r["refusals"]["bad"]
         assert "intra" in r["refusals"]["mixed"] and "6" in r["refusals"]["mixed"], \
             r["refusals"]["mixed"]
 

@@ -290,7 +290,8 @@ def reshard_dtensor(
     :func:`meshcast.reshard_many`, which runs the plan. The result is a new tensor that does not
     require grad.
     """
-    from ..runtime.execute import DEFAULT_TIMEOUT, publish_refusal
+    from ..runtime.arguments import publish_refusal
+    from ..runtime.execute import DEFAULT_TIMEOUT
     from ..runtime.many import agree_before, run_many
 
     try:  # what this rank alone gets wrong is told to the others before they wait for it

@@ -57,7 +57,7 @@ def reshard_state_dict(
     bounds each rank's staging memory (:func:`meshcast.reshard_many`); ``reduce_partial`` says
     how Partial DTensors are reduced on their mesh (:func:`meshcast.reshard_dtensor`).
     """
-    from ..runtime.execute import DEFAULT_TIMEOUT, publish_refusal
+    from ..runtime import arguments, execute
     from .dtensor import as_dtensor, resolve_topology
 
     try:  # what this rank alone gets wrong is told to the others before they wait for it
@@ -77,9 +77,9 @@ def reshard_state_dict(
         tasks = _tasks(state_dict, layouts, dtensor_form, reduce_partial)
         plans = plan_many(tasks, resolve_topology(topology), strategy=strategy, balance=balance)
     except (TypeError, ValueError) as exc:
-        publish_refusal(None, exc)
+        arguments.publish_refusal(None, exc)
         raise
-    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    timeout = execute.DEFAULT_TIMEOUT if timeout is None else timeout
     outs = run_many(
         _sources(state_dict, layouts, plans, dtensor_form, reduce_partial, errors, timeout),
         plans,

@@ -314,17 +314,18 @@ def _compare(call: Call, records: dict[int, dict]) -> str | None:
         return (f"ranks {names} passed the same plans for tensors of other names or in another "
                 f"order than rank {call.me} (names digest {records[names[0]]['names']} against "
                 f"{mine_names}): every rank must pass the same tensors in the same order")
+    # an input error first: it may be why that rank's options differ (a device it lacks)
+    bad = [q for q in call.ranks if records[q]["error"] is not None]
+    if bad:
+        first = records[bad[0]]
+        return (f"ranks {bad} passed inputs that do not fit the plans (rank {bad[0]}: "
+                f"{first['error']})")
     for name, value in mine["options"].items():
         differ = [q for q in call.ranks if records[q]["options"].get(name) != value]
         if differ:
             theirs = records[differ[0]]["options"].get(name)
             return (f"ranks {differ} passed {name}={theirs!r} where rank {call.me} passed "
                     f"{value!r}: it must be the same on every rank")
-    bad = [q for q in call.ranks if records[q]["error"] is not None]
-    if bad:
-        first = records[bad[0]]
-        return (f"ranks {bad} passed inputs that do not fit the plans (rank {bad[0]}: "
-                f"{first['error']})")
     return None
 
 

@@ -24,20 +24,11 @@ from ..core.cache import BoundedCache
 from ..core.plan import Plan
 from ..planning.many import DEFAULT_BUCKET_BYTES, build_schedule
 from .agree import agree
+from .arguments import call_family, not_a_member, publish_refusal, require_distributed
 from .board import Call, next_step
 from .detect import real_host_map
 from .exchange import Exchange, ManyStats, is_maker
-from .execute import (
-    DEFAULT_TIMEOUT,
-    call_family,
-    end_call,
-    not_a_member,
-    pick_device,
-    plan_digest,
-    publish_refusal,
-    require_distributed,
-    timeout_problem,
-)
+from .execute import DEFAULT_TIMEOUT, end_call, pick_device, plan_digest, timeout_problem
 from .interrupt import call_interrupts, interrupts_as_failures
 from .joint import JointGroup, group_rank, group_size, to_global_of
 from .overlap import shared_pair
@@ -189,8 +180,7 @@ def run_many(
                                            {"bucket_bytes": bucket_bytes, "sync": sync},
                                            names is not None, timeout, device, where, caller,
                                            sigint)
-        links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group),
-                      float(timeout))
+        links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group), float(timeout))
         failures = Failures(call, float(timeout))
         run = Exchange(plans, schedule, me, tensors, carriers, dev, links, failures, overlap,
                        label, intra or "socket")
