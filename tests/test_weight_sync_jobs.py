@@ -175,4 +175,11 @@ def test_misuse_on_one_rank_is_refused_on_both_sides_before_anything_moves() -> 
         for text in texts:
             assert "another order" in text and "nothing was sent" in text, text
             assert "joint ranks 0-1 are trainer ranks 0-1, 2-3 engine ranks 0-1" in text, text
-    assert [seen[-1] for seen in engine] == [True, True]  # then in the same order, exact
+    assert [seen[8] for seen in engine] == [True, True]  # then in the same order, exact
+    for seen in [t[7:] for t in trainer] + [e[9:] for e in engine]:
+        assert "params['a'] shares memory with params['b'] on engine rank" in seen[0], seen[0]
+        assert ("params['a'] is a DTensor of shape (4, 6) laid out as 2[1, 0]:S0..., which "
+                "gives rank") in seen[1], seen[1]
+        for text in seen[:2]:
+            assert "nothing was sent" in text, text
+        assert "name_map raised KeyError: 'b'" in seen[2], seen[2]

@@ -485,5 +485,39 @@ def misuse(rank: int, address: str, role: str) -> list[str]:
             seen.append(str(exc))
     if role == "trainer":
         one["a"].push({"a": mine["a"] + 1}, version=11)
-        return seen
-    return [*seen, torch.equal(one["a"].receive().tensors["a"], mine["a"] + 1)]
+    else:
+        seen.append(torch.equal(one["a"].receive().tensors["a"], mine["a"] + 1))
+    return seen + _more_misuse(group, rank, role, desc, full, sync)
+
+
+def _more_misuse(group: object, rank: int, role: str, desc: dict, full: dict,
+                 sync: object) -> list[str]:
+    """Engine results that share memory (staged by ``atomic``, the last copy would win), a
+    trainer DTensor laid out otherwise than described (its local shard has the declared shape),
+    and a name map that raises on one trainer rank: each refused on every rank of both jobs."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mine = {n: t[2 * rank: 2 * rank + 2] for n, t in full.items()}
+    flipped = DeviceMesh("cpu", [1, 0])  # rank 0 holds rows 2-3: the shape described, not rows
+    seen = []
+    shared = torch.zeros(2, 6)
+    for version, (params, into) in enumerate((
+            (mine, {"a": shared, "b": shared}),
+            ({**mine, "a": distribute_tensor(full["a"], flipped, [Shard(0)])}, None)), start=12):
+        try:
+            if role == "trainer":
+                sync.push(params, version=version)
+            else:
+                sync.receive(into)
+            seen.append("no error")
+        except ValueError as exc:
+            seen.append(str(exc))
+    try:
+        mc.WeightSync(group, desc, name_map=lambda n: {"a": "a"}[n] if role == "trainer"
+                      and rank == 0 else n)
+        seen.append("no error")
+    except ValueError as exc:
+        seen.append(str(exc))
+    return seen

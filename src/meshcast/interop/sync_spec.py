@@ -30,8 +30,10 @@ from ..core.mesh import Mesh
 from ..core.names import Piece, Rule, map_weights
 from ..core.task import ReshardTask
 
-__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "describe_record", "match_mapping",
-           "match_sides", "merge_side", "params_problem", "shift_layout", "trainer_shard_problem"]
+__all__ = ["NameMap", "ParamSpec", "Route", "describe_params", "describe_record",
+           "dtensor_layout_problem", "engine_whole", "match_mapping", "match_sides",
+           "merge_side", "params_problem", "shared_targets_problem", "shift_layout",
+           "trainer_shard_problem"]
 
 NameMap = Mapping[str, str] | Callable[[str], str] | None
 """Trainer name -> engine name (None: the same names)."""
@@ -178,7 +180,10 @@ def _map_names(trainer: Sequence[str], name_map: NameMap) -> dict[str, str]:
     if isinstance(name_map, Mapping):
         return {n: name_map[n] for n in trainer if n in name_map}
     if callable(name_map):
-        return {n: name_map(n) for n in trainer}
+        try:
+            return {n: name_map(n) for n in trainer}
+        except Exception as exc:  # the caller's function: every rank of both jobs is told
+            raise ValueError(f"name_map raised {type(exc).__name__}: {exc}") from exc
     raise TypeError(f"name_map must be a mapping or a function of trainer names, got "
                     f"{type(name_map).__name__}")
 
@@ -276,6 +281,57 @@ def params_problem(params: object, rank: int) -> list[str]:
         return []
     return [f"params must be a mapping of names to DTensors or local shards, got "
             f"{type(params).__name__} on rank {rank}"]
+
+
+def dtensor_layout_problem(value: Any, described: Mapping[str, Any] | None, rank: int
+                           ) -> str | None:
+    """Why DTensor ``value`` cannot stand for what this rank (``rank`` of its job) ``described``
+    when the sync was built: its layout gives this rank other indices (a local shard of the same
+    shape would move the wrong elements); None for anything else, or where it gives the same."""
+    if described is None or not _is_dtensor(value):
+        return None
+    from .dtensor import layout_from_dtensor
+
+    layout = layout_from_dtensor(value, own_mesh=True)
+    want, shape = Layout.from_json(described["layout"]), tuple(described["shape"])
+    if tuple(value.shape) == shape and layout.region(rank, shape) == want.region(rank, shape):
+        return None
+    return (f"is a DTensor of shape {tuple(value.shape)} laid out as {layout.notation()}, which "
+            f"gives rank {rank} other elements than the sync was built with (shape {shape}, "
+            f"{want.notation()})")
+
+
+def engine_whole(route: Route, target: Any, me: int, rank: int, errors: list[str]) -> Any:
+    """This rank's (``me``: joint rank; ``rank``: engine rank) whole shard of a fused or stacked
+    engine tensor, into which its pieces are received: ``target`` (checked: a problem goes to
+    ``errors``, and None is returned), or a fresh CPU tensor when it is None."""
+    import torch
+
+    from ..runtime.tensors import torch_dtype
+
+    piece = route.piece
+    shape = piece.engine_layout.region(me, piece.engine_shape).shape
+    dtype = torch_dtype(route.task.dtype)
+    if target is None:
+        return torch.empty(shape, dtype=dtype)
+    if tuple(target.shape) != tuple(shape) or target.dtype != dtype:
+        errors.append(f"params[{route.target!r}] is {tuple(target.shape)} {target.dtype} on "
+                      f"engine rank {rank}; its layout {piece.engine_layout.notation()} of "
+                      f"global shape {piece.engine_shape} gives this rank {tuple(shape)} {dtype}")
+        return None
+    return target
+
+
+def shared_targets_problem(targets: Mapping[str, Any], rank: int) -> list[str]:
+    """[why] engine ``targets`` (name -> tensor or None) that share memory cannot all be received
+    into (each would get another tensor's data; staged, the last copy into them would win)."""
+    from ..runtime.overlap import shared_pair
+
+    shared = shared_pair([(f"params[{n!r}]", t) for n, t in targets.items() if t is not None], [])
+    if shared is None:
+        return []
+    return [f"{shared[0]} shares memory with {shared[1]} on engine rank {rank}: each would "
+            f"receive another tensor's data; pass separate tensors (a tied weight under one name)"]
 
 
 def trainer_shard_problem(shard: Any, route: Route, declared: str, me: int) -> str | None:

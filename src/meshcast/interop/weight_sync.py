@@ -31,10 +31,13 @@ from .sync_spec import (
     NameMap,
     Route,
     describe_record,
+    dtensor_layout_problem,
+    engine_whole,
     match_mapping,
     match_sides,
     merge_side,
     params_problem,
+    shared_targets_problem,
     trainer_shard_problem,
 )
 from .sync_store import WeightSyncError, begin, commit, exchange, forget, version_problem
@@ -128,6 +131,7 @@ class WeightSync:
         if bad:
             raise ValueError(f"meshcast.WeightSync on {group.role} rank {group.rank}: "
                              f"{group.describe([bad[0][0]])}: {bad[0][1]}")
+        self._described = records[group.me]["params"]  # this rank's, for its DTensors' layouts
         sides = {role: merge_side({j: records[j]["params"] for j in group.ranks(role)}, role)
                  for role in ("trainer", "engine")}
         offset, scales = group.offset("engine"), scale_names(sides["engine"])
@@ -186,7 +190,8 @@ class WeightSync:
         for k, route in enumerate(self.routes):
             if route.task.src_region(me) is not None and readable:
                 local[k] = _local(params.get(route.source))
-                why = trainer_shard_problem(local[k], route, self.dtypes[route.source], me)
+                why = trainer_shard_problem(local[k], route, self.dtypes[route.source], me) \
+                    or self._layout_problem(params.get(route.source), route.source)
                 if why is not None:
                     errors.append(f"params[{route.source!r}] {why} on trainer rank "
                                   f"{self.group.rank}")
@@ -221,14 +226,20 @@ class WeightSync:
             if route.task.dst_region(me) is None or route.target in targets:
                 continue
             target = None if params is None else _local(params.get(route.target))
+            why = None if params is None else self._layout_problem(params.get(route.target),
+                                                                   route.target)
             if params is not None and target is None:
                 errors.append(f"params[{route.target!r}] is missing on engine rank "
                               f"{self.group.rank}, which receives part of it")
+            elif why is not None:
+                errors.append(f"params[{route.target!r}] {why}")
             elif route.piece is not None:
-                target = self._whole(route, target, errors)
+                target = engine_whole(route, target, me, self.group.rank, errors)
             targets[route.target] = target
         scales = scale_targets(self.fp8, params, me, self.group.rank, _local, errors)
         targets.update(scales)
+        if params is not None:
+            errors += shared_targets_problem(targets, self.group.rank)
         into = self._stage(targets) if self.atomic and params is not None else targets
 
         def prepare() -> None:  # the FP8 tensors' scales, from the amax exchange
@@ -256,22 +267,10 @@ class WeightSync:
             result.tensors[name] = targets[name] if params is None else params[name]
         return result
 
-    def _whole(self, route: Route, target: torch.Tensor | None,
-               errors: list[str]) -> torch.Tensor | None:
-        """This rank's whole shard of a fused or stacked engine tensor, into which its pieces
-        are received: ``target`` (checked), or a fresh tensor when it is None."""
-        piece = route.piece
-        shape = piece.engine_layout.region(self.group.me, piece.engine_shape).shape
-        dtype = _dtype(route.task)
-        if target is None:
-            return torch.empty(shape, dtype=dtype)
-        if tuple(target.shape) != tuple(shape) or target.dtype != dtype:
-            errors.append(f"params[{route.target!r}] is {tuple(target.shape)} {target.dtype} on "
-                          f"engine rank {self.group.rank}; its layout "
-                          f"{piece.engine_layout.notation()} of global shape "
-                          f"{piece.engine_shape} gives this rank {tuple(shape)} {dtype}")
-            return None
-        return target
+    def _layout_problem(self, value: Any, name: str) -> str | None:
+        """Why DTensor ``value`` cannot be this rank's ``name`` as described (None: it can)."""
+        why = dtensor_layout_problem(value, self._described.get(name), self.group.rank)
+        return None if why is None else f"{why} on {self.role} rank {self.group.rank}"
 
     def _stage(self, targets: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
         """Staging buffers for ``targets`` (made once, kept between syncs)."""
