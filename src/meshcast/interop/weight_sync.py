@@ -132,6 +132,7 @@ class WeightSync:
             raise ValueError(f"meshcast.WeightSync on {group.role} rank {group.rank}: "
                              f"{group.describe([bad[0][0]])}: {bad[0][1]}")
         self._described = records[group.me]["params"]  # this rank's, for its DTensors' layouts
+        self._layouts: dict[tuple, str | None] = {}
         sides = {role: merge_side({j: records[j]["params"] for j in group.ranks(role)}, role)
                  for role in ("trainer", "engine")}
         offset, scales = group.offset("engine"), scale_names(sides["engine"])
@@ -268,9 +269,16 @@ class WeightSync:
         return result
 
     def _layout_problem(self, value: Any, name: str) -> str | None:
-        """Why DTensor ``value`` cannot be this rank's ``name`` as described (None: it can)."""
-        why = dtensor_layout_problem(value, self._described.get(name), self.group.rank)
-        return None if why is None else f"{why} on {self.role} rank {self.group.rank}"
+        """Why DTensor ``value`` cannot be this rank's ``name`` as described (None: it can);
+        found once per name, mesh, placements and shape (the same DTensors every sync)."""
+        if not hasattr(value, "device_mesh"):
+            return None
+        key = (name, value.device_mesh, tuple(value.placements), tuple(value.shape))
+        if key not in self._layouts:
+            why = dtensor_layout_problem(value, self._described.get(name), self.group.rank)
+            self._layouts[key] = None if why is None else \
+                f"{why} on {self.role} rank {self.group.rank}"
+        return self._layouts[key]
 
     def _stage(self, targets: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
         """Staging buffers for ``targets`` (made once, kept between syncs)."""
