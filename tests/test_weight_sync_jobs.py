@@ -15,7 +15,8 @@ Llama-style trainer into fused QKV (grouped-query attention), fused gate_up and 
 engine's parameter; FP8 engine parameters with block and per-tensor scales
 (weight_sync_fp8_job.py), bit for bit the whole tensor's conversion, and a misdeclared scale
 parameter as one error on both sides; a trainer rank dying as the FP8 block maxima are exchanged
-is named on every engine rank, whose weights and scales keep the previous version. Misuse on
+is named on every engine rank, whose weights and scales keep the previous version; the trainer
+rank that holds the store exiting as its push returns leaves every engine rank committed. Misuse on
 one rank (name maps that differ between trainer ranks, a layout over ranks the job lacks, a push
 of a wrong shape, dtype or type, two syncs of tensors alike used in another order) is refused
 on every rank of both jobs before anything moves.
@@ -139,6 +140,14 @@ def test_fp8_block_and_per_tensor_scales_are_the_whole_conversion_in_place() -> 
     trainer, engine = results["trainer"], results["engine"]
     assert not isinstance(trainer, Exception) and not isinstance(engine, Exception), results
     fp8.check(trainer, engine, [1, 2, 3])
+
+
+@pytest.mark.timeout(200)
+def test_the_store_holder_exiting_after_a_push_leaves_every_engine_rank_committed() -> None:
+    results = _both(jobs.store_holder_exits_after_push)
+    assert isinstance(results["trainer"], mc.LaunchError), results
+    assert "exited with code 3" in results["trainer"].failures[0]
+    assert results["engine"] == [(1, True), (1, True)], results["engine"]
 
 
 @pytest.mark.timeout(200)

@@ -521,3 +521,28 @@ def _more_misuse(group: object, rank: int, role: str, desc: dict, full: dict,
     except ValueError as exc:
         seen.append(str(exc))
     return seen
+
+
+def store_holder_exits_after_push(rank: int, address: str, role: str) -> object:
+    """Trainer rank 0, which holds the rendezvous store, exits the moment its push returns: the
+    sync had succeeded on every rank of both jobs, so every engine rank commits it (none may
+    find the store gone while it still reads the success)."""
+    import os
+
+    import torch
+
+    shape = (64, 64)
+    layout = mc.Layout(mc.Mesh([0, 1]), "S0R")
+    group = mc.connect(address, role, model="holder", timeout=60)
+    sync = mc.WeightSync(group, {"w": mc.ParamSpec(shape, torch.float32, layout)}, timeout=60)
+    if role == "trainer":
+        sync.push({"w": torch.full(layout.shard_shape(rank, shape), 1.0)}, version=1)
+        if rank == 0:
+            os._exit(3)
+        return "pushed"
+    w = torch.zeros(layout.shard_shape(rank, shape))
+    try:
+        got = sync.receive({"w": w})
+        return got.version, bool((w == 1).all())
+    except mc.WeightSyncError as exc:
+        return str(exc)

@@ -199,8 +199,10 @@ def _wait_commits(group: JointGroup, key: str, timeout: float, kept: str, caller
         else:
             decided = store.get(verdict).decode() if store.check([verdict]) else ""
         if decided == "ok":
-            return [json.loads(v)
-                    for v in store.multi_get([f"{key}/{j}" for j in range(group.size)])]
+            records = [json.loads(v)
+                       for v in store.multi_get([f"{key}/{j}" for j in range(group.size)])]
+            _all_read(group, key, start + timeout)
+            return records
         if decided:
             first = json.loads(decided)
             failed = tuple(first["failed"] or [first["rank"]])
@@ -212,7 +214,22 @@ def _wait_commits(group: JointGroup, key: str, timeout: float, kept: str, caller
         pause = min(2 * pause, POLL_S[1])
 
 
-def forget(group: JointGroup, key: str, shared: tuple[str, ...] = ("done", "verdict")) -> None:
+def _all_read(group: JointGroup, key: str, deadline: float) -> None:
+    """Count this rank's read of the sync's success; on the rank that holds the store (joint
+    rank 0, the trainer's rank 0), wait until every rank has read it (or ``deadline``): were it
+    to exit at once, a rank still reading would find no store and fail a sync its peers
+    committed."""
+    store = group.store
+    store.add(f"{key}/read", 1)
+    pause = POLL_S[0]
+    while group.me == 0 and store.add(f"{key}/read", 0) < group.size \
+            and time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(2 * pause, POLL_S[1])
+
+
+def forget(group: JointGroup, key: str,
+           shared: tuple[str, ...] = ("done", "verdict", "read")) -> None:
     """Delete this rank's record of an earlier sync under ``key`` (which every rank has read
     once every rank has begun a later one), and on joint rank 0 the ``shared`` keys under it
     (the sync's decision or counters), so the store does not grow with the number of syncs."""
