@@ -66,6 +66,18 @@ def test_whole_conversion_is_deepseeks(block, dtype) -> None:
     assert q.dtype == getattr(torch, dtype) and s.dtype == torch.float32
 
 
+@pytest.mark.parametrize("shape", [(0, 200), (300, 0), (0,)])
+@pytest.mark.parametrize("block", [(128, 128), None])
+def test_a_tensor_without_elements_has_empty_or_floor_scales(shape, block) -> None:
+    block = block and block[-len(shape):]
+    q, s = quantize(torch.zeros(shape, dtype=torch.bfloat16), "float8_e4m3fn", block)
+    assert q.shape == shape and q.dtype == torch.float8_e4m3fn
+    if block is None:  # one scale: an amax of 0, floored as any tensor of zeros is
+        assert torch.equal(s, quantize(torch.zeros(2), "float8_e4m3fn", None)[1])
+    else:  # the block grid, with no block
+        assert s.shape == tuple(-(-n // b) for n, b in zip(shape, block)) and s.numel() == 0
+
+
 @st.composite
 def cases(draw):
     mesh = draw(meshes(max_devices=8, rank_pool=12))

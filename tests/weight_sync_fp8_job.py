@@ -2,18 +2,19 @@
 (bfloat16 ``w`` split by columns of 192, cutting 128 x 128 blocks; float32 ``v`` by rows; float32
 ``b``) into an engine of 2 ranks, tensor parallel: ``w`` in ``float8_e4m3fn`` with 128 x 128 block
 scales ``w_scale_inv``, ``v`` in ``float8_e5m2`` with one scale ``v_scale_inv``, ``b`` in
-bfloat16. The engine checks its FP8 bytes and scales against :func:`meshcast.quantize` of the
-whole tensor, bit for bit, in place. Then, on the same connection, FP8 into fused and stacked
-engine tensors (:func:`fused`).
+bfloat16; ``z`` and ``e`` have no elements (their FP8 shards are empty, their scales those of an
+``amax`` of 0 per tensor, an empty block grid). The engine checks its FP8 bytes and scales
+against :func:`meshcast.quantize` of the whole tensor, bit for bit, in place. Then, on the
+same connection, FP8 into fused and stacked engine tensors (:func:`fused`).
 """
 
 from __future__ import annotations
 
 import meshcast as mc
 
-SHAPES = {"w": (256, 384), "v": (64, 96), "b": (64,)}
-BLOCKS = {"w": (128, 128), "v": None}
-FP8 = {"w": "float8_e4m3fn", "v": "float8_e5m2"}
+SHAPES = {"w": (256, 384), "v": (64, 96), "b": (64,), "z": (0, 96), "e": (64, 0)}
+BLOCKS = {"w": (128, 128), "v": None, "z": None, "e": (128, 128)}
+FP8 = {"w": "float8_e4m3fn", "v": "float8_e5m2", "z": "float8_e4m3fn", "e": "float8_e5m2"}
 
 
 def specs(role: str) -> dict:
@@ -24,10 +25,14 @@ def specs(role: str) -> dict:
     if role == "trainer":
         return {"w": mc.ParamSpec(SHAPES["w"], torch.bfloat16, mc.Layout(mesh, "RS0")),
                 "v": mc.ParamSpec(SHAPES["v"], torch.float32, mc.Layout(mesh, "S0R")),
-                "b": mc.ParamSpec(SHAPES["b"], torch.float32, mc.Layout(mesh, "S0"))}
+                "b": mc.ParamSpec(SHAPES["b"], torch.float32, mc.Layout(mesh, "S0")),
+                "z": mc.ParamSpec(SHAPES["z"], torch.float32, mc.Layout(mesh, "RS0")),
+                "e": mc.ParamSpec(SHAPES["e"], torch.float32, mc.Layout(mesh, "S0R"))}
     out = {"w": mc.ParamSpec(SHAPES["w"], torch.float8_e4m3fn, mc.Layout(mesh, "S0R")),
            "v": mc.ParamSpec(SHAPES["v"], torch.float8_e5m2, mc.Layout(mesh, "RS0")),
-           "b": mc.ParamSpec(SHAPES["b"], torch.bfloat16, mc.Layout(mesh, "R"))}
+           "b": mc.ParamSpec(SHAPES["b"], torch.bfloat16, mc.Layout(mesh, "R")),
+           "z": mc.ParamSpec(SHAPES["z"], torch.float8_e4m3fn, mc.Layout(mesh, "S0R")),
+           "e": mc.ParamSpec(SHAPES["e"], torch.float8_e5m2, mc.Layout(mesh, "RS0"))}
     for name in FP8:
         layout, grid = mc.scale_layout(out[name].layout, SHAPES[name], BLOCKS[name])
         out[f"{name}_scale_inv"] = mc.ParamSpec(grid, torch.float32, layout)
@@ -86,7 +91,7 @@ def run(rank: int, address: str, role: str, versions: list[int]) -> dict:
     report: dict = {"received": [], "exact": [], "errors": []}
     try:  # the engine leaves out v's scales, and w's are asked per tensor: one error everywhere
         mc.WeightSync(group, {n: s for n, s in declared.items() if n != "v_scale_inv"},
-                      fp8_block={"w": None, "v": None})
+                      fp8_block={**BLOCKS, "w": None})
     except ValueError as exc:
         report["errors"].append(str(exc))
     sync = mc.WeightSync(group, declared, fp8_block=BLOCKS, bucket_bytes=8 << 10)

@@ -164,7 +164,7 @@ def scale_targets(fp8: Sequence[Fp8Route], params: Mapping[str, Any] | None, me:
     (float32, the scale layout's shard shape), or fresh tensors when ``params`` is None."""
     out: dict[str, torch.Tensor | None] = {}
     for f in fp8:
-        if me not in f.plan.scale or f.scale in out:
+        if me not in f.layout.mesh or f.scale in out:  # (an empty shard is one too)
             continue
         shape = f.layout.shard_shape(me, f.grid)
         if params is None:

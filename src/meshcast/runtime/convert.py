@@ -87,9 +87,9 @@ def quantize(
     tensor per tensor, ``block=None``): the reference every shard's conversion equals."""
     whole = Region.of_box(tuple(slice(0, n) for n in x.shape))
     amax = partial_amax(x, whole, x.shape, block)
-    scales = scales_of(amax, dtype)
-    return quantize_shard(x, whole, x.shape, block, amax, dtype), (
-        scales.reshape(()) if block is None else scales)
+    one = amax.new_zeros(()) if amax.numel() == 0 else amax.amax()  # an empty tensor's: 0
+    scales = scales_of(one if block is None else amax, dtype)
+    return quantize_shard(x, whole, x.shape, block, amax, dtype), scales
 
 
 def _poster(group: dist.ProcessGroup | JointGroup | None):
