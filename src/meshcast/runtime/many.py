@@ -160,9 +160,7 @@ def run_many(
                 return [None] * len(plans)
             _check_arguments(tensors, plans, bucket_bytes, timeout, isinstance(group, JointGroup),
                              outs, names)
-            schedule = build_schedule(plans,
-                                      max(1, bucket_bytes // 2) if overlap else bucket_bytes)
-            ranks = schedule.ranks
+            ranks = sorted({r for p in plans for r in p.ranks})
             if ranks and ranks[-1] >= group_size(group):
                 raise ValueError(f"the plans use rank {ranks[-1]}, but the process group has "
                                  f"{group_size(group)} ranks")
@@ -180,6 +178,8 @@ def run_many(
                                            {"bucket_bytes": bucket_bytes, "sync": sync},
                                            names is not None, timeout, device, where, caller,
                                            sigint)
+        # (after the agreement: a plan too large for any rank's memory is refused there first)
+        schedule = build_schedule(plans, max(1, bucket_bytes // 2) if overlap else bucket_bytes)
         links = Links(where, me, to_global_of(group), _hosts(plans, ranks, group), float(timeout))
         failures = Failures(call, float(timeout))
         run = Exchange(plans, schedule, me, tensors, carriers, dev, links, failures, overlap,
