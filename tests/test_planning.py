@@ -89,6 +89,13 @@ def test_dtype_spellings():
     assert (
         mc.ReshardTask((4,), np.float32, mc.Layout(mesh, "S0"), mc.Layout(mesh, "R")).itemsize == 4
     )
+    # torch's aliases stay torch's; numpy's type codes are numpy's
+    spelled = {"float": "float32", "int": "int32", "double": "float64", "<f4": "float32",
+               "i8": "int64", "u1": "uint8", "?": "bool", "=f2": "float16", "c16": "complex128"}
+    assert {k: mc.core.dtypes.dtype_name(k) for k in spelled} == spelled
+    for other in (">f4", np.dtype(">i8")):  # bytes in another order are not this machine's
+        with pytest.raises(ValueError, match="has a byte order other than this machine's"):
+            mc.ReshardTask((4,), other, mc.Layout(mesh, "S0"), mc.Layout(mesh, "R"))
 
 
 def test_same_mesh_redistribution_uses_local_copies():

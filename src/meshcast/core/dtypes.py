@@ -10,6 +10,7 @@ their scale and zero point live outside the data.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -81,8 +82,10 @@ def known_dtypes() -> list[str]:
 def dtype_name(dtype: DTypeLike, *, argument: str = "dtype") -> str:
     """Return the canonical (torch-style) name of ``dtype``.
 
-    Accepts a name such as ``"float32"`` or ``"bfloat16"``, a numpy dtype or scalar type, or a
-    torch dtype (recognised by its repr, so torch need not be imported).
+    Accepts a name such as ``"float32"`` or ``"bfloat16"`` (torch's names and aliases:
+    ``"float"`` is float32, ``"int"`` int32, as ``torch.float`` and ``torch.int``), a numpy type
+    code such as ``"<f4"`` or ``"i8"``, a numpy dtype or scalar type, or a torch dtype
+    (recognised by its repr, so torch need not be imported).
     """
     if dtype is None:  # numpy would read it as float64
         raise TypeError(f"{argument} must be a dtype name, a numpy dtype or a torch dtype, got "
@@ -93,12 +96,15 @@ def dtype_name(dtype: DTypeLike, *, argument: str = "dtype") -> str:
         name = str(dtype).removeprefix("torch.")
     else:
         try:
-            name = np.dtype(dtype).name
+            name = _numpy_name(np.dtype(dtype), argument)
         except TypeError:
             raise TypeError(
                 f"{argument} must be a dtype name, a numpy dtype or a torch dtype, got {dtype!r}"
             ) from None
     name = _ALIASES.get(name, name)
+    if isinstance(dtype, str) and name not in _TYPES and name not in _QUANTIZED:
+        with contextlib.suppress(TypeError):  # a numpy type code: "<f4", "i8"
+            name = _numpy_name(np.dtype(name), argument)
     if name in _QUANTIZED:
         raise ValueError(
             f"{argument}={dtype!r} is a quantized type: its scale and zero point are not part of "
@@ -110,6 +116,15 @@ def dtype_name(dtype: DTypeLike, *, argument: str = "dtype") -> str:
             f"{', '.join(known_dtypes())}"
         )
     return name
+
+
+def _numpy_name(dtype: np.dtype, argument: str) -> str:
+    """The name of numpy ``dtype``; ``ValueError`` for a byte order other than this machine's
+    (the runtime moves tensors' bytes as they are)."""
+    if not dtype.isnative:
+        raise ValueError(f"{argument}={dtype.str!r} has a byte order other than this machine's: "
+                         f"convert it to {dtype.newbyteorder('=').name} first")
+    return dtype.name
 
 
 def numpy_dtype(name: str) -> np.dtype:
