@@ -175,7 +175,8 @@ class _Stage(torch.nn.Module):
 
 
 def _misuse_job(rank: int) -> list:
-    """2 ranks, one stage each: arguments that differ on one rank; a runtime whose step fails
+    """2 ranks, one stage each: arguments that differ on one rank, one that rank 1 alone
+    refuses, a timeout every rank refuses; a runtime whose step fails
     once, then asked for another step; one given a batch that does not split into equal
     microbatches; one that runs two good steps."""
     from meshcast.pipeline import StageGraph, TensorEdge
@@ -185,16 +186,19 @@ def _misuse_job(rank: int) -> list:
                            TensorEdge("u", 0, 1, (4, 8), "bfloat16")), (("x", 0),), (("y", 1),))
     meshes = (meshcast.Mesh([0]), meshcast.Mesh([1]))
 
-    def runtime(m: int, module):
+    def runtime(m: int, module, strategy: str = "broadcast", timeout: float = 30):
         return PipelineRuntime(module, graph, meshes, schedule="1f1b", num_microbatches=m,
-                               loss_fn=torch.nn.functional.mse_loss, timeout=30)
+                               loss_fn=torch.nn.functional.mse_loss, strategy=strategy,
+                               timeout=timeout)
 
     seen = []
-    try:
-        runtime(2 if rank == 0 else 4, _Stage(rank))
-        seen.append("no error")
-    except ValueError as exc:
-        seen.append(str(exc))
+    for args in ((2 if rank == 0 else 4,), (2, "bogus" if rank == 1 else "broadcast"),
+                 (2, "broadcast", 0)):  # differ; refused on rank 1 alone; refused everywhere
+        try:
+            runtime(args[0], _Stage(rank), *args[1:])
+            seen.append("no error")
+        except ValueError as exc:
+            seen.append(str(exc))
     x, target = torch.ones(8, 8), torch.zeros(8, 8)
     for fail, batches in ((True, 2), (False, 1), (False, 2)):  # each after the one before
         pipe = runtime(2, _Stage(rank, fail))
@@ -210,18 +214,25 @@ def _misuse_job(rank: int) -> list:
 
 
 def test_misuse_is_refused_and_a_failed_step_spends_the_runtime() -> None:
-    """Arguments that differ on one rank: ValueError at construction on every rank; a failed
+    """Arguments that differ on one rank, or that one rank refuses (told to the others at
+    once, and the runtimes after still pair up): ValueError at construction on every rank; a failed
     step raises on every rank naming the failure, the next step says to build a new runtime; a
     batch of unequal microbatches is refused; a bfloat16 edge whose gradient is None works."""
     seen = meshcast.launch(_misuse_job, 2, timeout=120)
-    for built, failed, spent, uneven, good, again in seen:
+    assert [s[1] for s in seen] == [  # told at once to the rank that waits for it
+        "rank 0: ranks [1] refused their PipelineRuntime arguments (rank 1: ValueError: "
+        "strategy='bogus' is unknown; choose one of ('send_recv', 'allgather', 'broadcast')); "
+        "every rank passes the same arguments except stage_module",
+        "strategy='bogus' is unknown; choose one of ('send_recv', 'allgather', 'broadcast')"]
+    assert [s[2] for s in seen] == ["timeout must be a positive number of seconds, got 0"] * 2
+    for built, _, _, failed, spent, uneven, good, again in seen:  # each runtime after the last
         assert "num_microbatches=" in built and "other arguments" in built, built
         assert "injected once" in failed, failed  # the one failure, on both ranks
         assert "build a new PipelineRuntime" in spent and "injected once" in spent, spent
         assert "does not split into 2 equal microbatches" in uneven, uneven
         assert good == again and "Error" not in str(good), (good, again)
-    assert seen[0][3].startswith("ValueError") and "input 'x' has a batch of 7" in seen[0][3]
-    assert isinstance(seen[1][4], float)  # the loss, computed with a bfloat16 edge unused
+    assert seen[0][5].startswith("ValueError") and "input 'x' has a batch of 7" in seen[0][5]
+    assert isinstance(seen[1][6], float)  # the loss, computed with a bfloat16 edge unused
 
 
 def test_importing_the_pipeline_package_does_not_import_torch() -> None:

@@ -46,6 +46,7 @@ from torch import nn
 from ..core.mesh import Mesh
 from ..core.topology import Topology
 from ..runtime import ReshardError
+from ..runtime.execute import timeout_problem
 from ..runtime.tensors import torch_dtype
 from .exchange import BoundaryExchange
 from .graph import StageGraph, TensorEdge, check_stages
@@ -57,6 +58,7 @@ from .step_state import (
     StepAbort,
     StepResult,
     agree_arguments,
+    refuse_arguments,
 )
 from .transfers import build_transfers
 
@@ -69,6 +71,11 @@ __all__ = [
 
 _runtime_ids = itertools.count()
 _spent = [0]  # runtimes of this process that gave up a step (PipelineRuntime._make_groups)
+
+
+def _arguments_key(runtime: int) -> str:
+    """Where the ranks agree on the arguments of their ``runtime``-th PipelineRuntime."""
+    return f"meshcast/pipeline/{runtime}/arguments"
 
 
 class PipelineRuntime:
@@ -119,15 +126,29 @@ class PipelineRuntime:
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("PipelineRuntime needs torch.distributed initialised (gloo)")
-        world = dist.get_world_size()
-        layouts = dict(layouts or {})
-        check_stages(graph, meshes, strategy, world, layouts)
-        self.rank = dist.get_rank()
+        world, self.rank = dist.get_world_size(), dist.get_rank()
+        # numbered first: a rank that refuses its arguments counts the runtime as its peers do
+        self.id = next(_runtime_ids)
+        self._store = default_store()
+        try:
+            layouts = dict(layouts or {})
+            check_stages(graph, meshes, strategy, world, layouts)
+            self.table = make_schedule(schedule, graph.num_stages, num_microbatches)
+            if timeout_problem(timeout) is not None:
+                raise ValueError(timeout_problem(timeout))
+            self.stage: int | None = next((i for i, m in enumerate(meshes) if self.rank in m),
+                                          None)
+            if (self.stage is None) != (stage_module is None):
+                where = "in no mesh" if self.stage is None else f"on stage {self.stage}"
+                raise ValueError(f"rank {self.rank}: stage_module must be given exactly on the "
+                                 f"ranks of a mesh (this rank is {where})")
+        except (TypeError, ValueError) as exc:  # told to the peers, which wait for this rank
+            refuse_arguments(self._store, _arguments_key(self.id), self.rank, exc)
+            raise
         self.graph = graph
         self.meshes = tuple(meshes)
         self.num_stages = graph.num_stages
         self.num_microbatches = num_microbatches
-        self.table = make_schedule(schedule, graph.num_stages, num_microbatches)
         self.strategy = strategy
         self.loss_fn = loss_fn
         self.overlap = overlap
@@ -135,17 +156,8 @@ class PipelineRuntime:
         self.free_communication = free_communication
         self.timeout = float(timeout)
         self.topology = topology if topology is not None else Topology.uniform(1, world)
-        self.stage: int | None = next(
-            (i for i, m in enumerate(meshes) if self.rank in m), None
-        )
-        if (self.stage is None) != (stage_module is None):
-            where = "in no mesh" if self.stage is None else f"on stage {self.stage}"
-            raise ValueError(f"rank {self.rank}: stage_module must be given exactly on the ranks "
-                             f"of a mesh (this rank is {where})")
-        self.id = next(_runtime_ids)
         self._steps = 0  # train_step calls so far (each step has its own abort key)
         self._gave_up: str | None = None  # why a step failed: the runtime is spent
-        self._store = default_store()
         self._layouts = layouts
         self._make_groups(world, {
             "schedule": schedule, "num_microbatches": num_microbatches, "strategy": strategy,
@@ -166,9 +178,8 @@ class PipelineRuntime:
         tensor-parallel groups and the boundary groups of the generation that every rank's count
         of runtimes that gave up a step gives (their boundary groups' call numbers may differ
         between ranks, so a later runtime takes new ones)."""
-        generation = max(agree_arguments(
-            self._store, f"meshcast/pipeline/{self.id}/arguments", self.rank, world, arguments,
-            self.timeout, extra=_spent[0]))
+        generation = max(agree_arguments(self._store, _arguments_key(self.id), self.rank, world,
+                                         arguments, self.timeout, extra=_spent[0]))
         # tensor-parallel groups: every rank creates every stage's group, in stage order
         self.tp_group: dist.ProcessGroup | None = None
         for i, mesh in enumerate(self.meshes):

@@ -18,7 +18,7 @@ from .graph import TensorEdge
 
 __all__ = [
     "POLL_S", "REMOTE_POLL_S", "Microbatches", "PipelineError", "Slot", "StepAbort", "StepResult",
-    "agree_arguments",
+    "agree_arguments", "refuse_arguments",
 ]
 
 POLL_S = 0.05
@@ -136,13 +136,21 @@ class StepAbort:
                     f"involved: {sorted(ranks)})", ranks)
 
 
+def refuse_arguments(store: Any, key: str, rank: int, exc: BaseException) -> None:
+    """Tell the ranks that wait in :func:`agree_arguments` under ``key`` that this rank refused
+    its arguments (``exc``), so that they raise at once instead of waiting for it."""
+    if store is not None:
+        with contextlib.suppress(Exception):  # this rank raises its own error anyway
+            store.set(f"{key}/{rank}", json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+
+
 def agree_arguments(store: Any, key: str, rank: int, world: int, arguments: dict[str, Any],
                     timeout: float, extra: Any = None) -> list[Any]:
     """Compare ``arguments`` (plain data) with every rank's through ``store`` under ``key``:
-    ``ValueError`` on every rank naming the ranks and arguments that differ from this rank's;
-    :class:`PipelineError` naming the ranks that did not come within ``timeout``. Returns every
-    rank's ``extra`` (not compared), by rank (without a store nothing is checked: this rank's
-    only)."""
+    ``ValueError`` on every rank naming the ranks and arguments that differ from this rank's, or
+    the ranks that refused theirs (:func:`refuse_arguments`); :class:`PipelineError` naming the
+    ranks that did not come within ``timeout``. Returns every rank's ``extra`` (not compared),
+    by rank (without a store nothing is checked: this rank's only)."""
     if store is None:
         return [extra]
     keys = [f"{key}/{r}" for r in range(world)]
@@ -154,6 +162,11 @@ def agree_arguments(store: Any, key: str, rank: int, world: int, arguments: dict
                             f"within {timeout:g} s (every rank builds it, in the same order)",
                             missing)
     records = [json.loads(v) for v in store.multi_get(keys)]
+    refused = [r for r, rec in enumerate(records) if "error" in rec]
+    if refused:
+        raise ValueError(f"rank {rank}: ranks {refused} refused their PipelineRuntime arguments "
+                         f"(rank {refused[0]}: {records[refused[0]]['error']:.300}); every rank "
+                         f"passes the same arguments except stage_module")
     own = records[rank]["arguments"]
     differ = [r for r, rec in enumerate(records) if rec["arguments"] != own]
     if differ:
