@@ -217,6 +217,13 @@ def _bad_inputs(rank: int) -> dict:
                                                            torch.float32)]
     report["many dtype"] = _refused(lambda: meshcast.reshard_many(
         tensors, [p, p], names=["w", "b"], timeout=TIMEOUT))
+    tensors = [local, local]
+    if rank == 2:  # a tensor subclass whose storage is not its data (checkpointing's wrapper)
+        from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
+
+        tensors[1] = LocalShardsWrapper([local], [(4, 0)])
+    report["many wrapper"] = _refused(lambda: meshcast.reshard_many(
+        tensors, [p, p], names=["w", "b"], timeout=TIMEOUT))
 
     # a destination mesh that differs per pair of ranks: plans differ across ranks
     k = rank // 2
@@ -351,6 +358,12 @@ def test_bad_shard_on_one_rank_is_refused_everywhere_and_the_group_works(job) ->
                               "torch.float64 on rank 1; the plan moves torch.float32")
     assert all("ranks [1] passed inputs that do not fit the plans (rank 1: b has dtype "
                "torch.float64" in many[r] for r in range(WORLD) if r != 1)
+    wrapper = ("b is a LocalShardsWrapper (a tensor subclass with its own __torch_dispatch__: "
+               "its memory is not its elements) on rank 2; meshcast moves plain dense tensors")
+    texts = _messages(job, "many wrapper")
+    assert texts[2] == f"ValueError: meshcast.reshard_many on rank 2: {wrapper}; nothing was sent"
+    assert all(f"ranks [2] passed inputs that do not fit the plans (rank 2: {wrapper})" in t
+               for r, t in enumerate(texts) if r != 2), texts
 
 
 @pytest.mark.timeout(600)

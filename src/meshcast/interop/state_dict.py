@@ -132,10 +132,13 @@ def _tasks(
         value = state_dict.get(name)
         if not dtensor_form:
             if not isinstance(spec, ReshardTask):
+                kind = type(value).__name__
                 raise TypeError(
                     f"layouts[{name!r}] must be a meshcast.ReshardTask (shape, dtype, source and "
                     f"destination layouts) for a plain tensor, got {type(spec).__name__}"
-                )
+                    + ("" if value is None or kind in ("Tensor", "Parameter") else
+                       f" (state_dict[{name!r}] is a {kind}: a state dict holds DTensors, "
+                       f"each with its (device_mesh, placements), or plain tensors)"))
             tasks.append(spec)
             continue
         if not _is_dtensor(value):

@@ -271,7 +271,7 @@ def _join(
         why = check_out(o, task.dst_region(me), task, me, torch_dtype(task.dtype), dev)
         if why is not None:
             errors.append(f"out[{k}] ({label[k]}) {why}")
-    shared = shared_pair(
+    shared = None if errors else shared_pair(
         [(f"out[{k}] ({label[k]})", o) for k, o in enumerate(outs) if isinstance(o, torch.Tensor)],
         [(label[k], t) for k, t in enumerate(tensors) if isinstance(t, torch.Tensor)])
     if shared is not None:

@@ -107,8 +107,11 @@ def shared_pair(outs: list[tuple[str, torch.Tensor]], sources: list[tuple[str, t
     # (start, end, order: results first in their order, then sources; label, tensor)
     by_storage: dict[tuple, list[tuple[int, int, int, str, torch.Tensor]]] = {}
     for k, (label, t) in enumerate([*outs, *sources]):
-        if t.numel() and t.device.type != "meta":
+        try:
             key = (str(t.device), t.untyped_storage().data_ptr())
+        except RuntimeError:  # a tensor subclass without storage of its own: refused elsewhere
+            continue
+        if t.numel() and t.device.type != "meta":
             by_storage.setdefault(key, []).append((*_byte_range(t), k, label, t))
     found: list[tuple[int, int, str, str]] = []
     for group in by_storage.values():

@@ -170,9 +170,16 @@ def check_out(
     return None
 
 
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__  # (a plain function: torch's "disabled")
+
+
 def _unsupported_kind(t: torch.Tensor) -> str | None:
     if type(t).__name__ == "DTensor":
         return "a DTensor (pass dt.to_local(), or use meshcast.reshard_dtensor)"
+    dispatch = getattr(type(t), "__torch_dispatch__", None)
+    if getattr(dispatch, "__func__", dispatch) is not _PLAIN_DISPATCH:
+        return (f"a {type(t).__name__} (a tensor subclass with its own __torch_dispatch__: "
+                f"its memory is not its elements)")
     if t.is_nested:
         return "a nested tensor"
     if t.layout != torch.strided:
