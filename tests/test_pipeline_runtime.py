@@ -239,3 +239,46 @@ def test_importing_the_pipeline_package_does_not_import_torch() -> None:
     code = ("import sys, meshcast, meshcast.pipeline; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+class _Skip(torch.nn.Module):
+    """Three stages: 0 sends ``h`` to 1 (float64 where the graph says float32: its transfer is
+    refused) and ``skip`` to 2, 1 sends ``h1`` to 2."""
+
+    def __init__(self, stage: int) -> None:
+        super().__init__()
+        self.stage, self.lin = stage, torch.nn.Linear(4, 4)
+
+    def forward(self, d: dict) -> dict:
+        if self.stage == 0:
+            h = self.lin(d["x"])
+            return {"h": h.double(), "skip": h}
+        if self.stage == 1:
+            return {"h1": self.lin(d["h"])}
+        return {"y": self.lin(d["h1"] + d["skip"])}
+
+
+def _skip_job(rank: int) -> str:
+    from meshcast.pipeline import StageGraph, TensorEdge
+    from meshcast.pipeline.runtime import PipelineError, PipelineRuntime
+
+    graph = StageGraph(3, (TensorEdge("h", 0, 1, (3, 4)), TensorEdge("skip", 0, 2, (3, 4)),
+                           TensorEdge("h1", 1, 2, (3, 4))), (("x", 0),), (("y", 2),))
+    meshes = (meshcast.Mesh([0]), meshcast.Mesh([1, 2]), meshcast.Mesh([3]))
+    stage = {0: 0, 1: 1, 2: 1, 3: 2}[rank]
+    pipe = PipelineRuntime(_Skip(stage), graph, meshes, schedule="1f1b", num_microbatches=2,
+                           loss_fn=torch.nn.functional.mse_loss, layouts={"h": ("RR", "S0R")},
+                           timeout=30)
+    try:
+        pipe.train_step({"x": torch.ones(6, 4)}, torch.zeros(6, 4))
+        return "no error"
+    except (ValueError, meshcast.ReshardError, PipelineError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_a_refused_transfer_is_named_on_every_rank_not_taken_for_another_plan() -> None:
+    """The boundary groups' calls are made by each transfer's ranks only, so the ranks' counts
+    of calls differ: a refusal by rank 0 is not read as a plan that differs on another rank."""
+    for rank, text in enumerate(meshcast.launch(_skip_job, 4, timeout=90)):
+        assert "local has dtype torch.float64 on rank 0" in text, (rank, text)
+        assert "another plan" not in text, (rank, text)

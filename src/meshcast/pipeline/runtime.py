@@ -46,7 +46,7 @@ from torch import nn
 from ..core.mesh import Mesh
 from ..core.topology import Topology
 from ..runtime import ReshardError
-from ..runtime.execute import timeout_problem
+from ..runtime.board import calls_by_plan_ranks
 from ..runtime.tensors import torch_dtype
 from .exchange import BoundaryExchange
 from .graph import StageGraph, TensorEdge, check_stages
@@ -58,6 +58,8 @@ from .step_state import (
     StepAbort,
     StepResult,
     agree_arguments,
+    arguments_key,
+    own_stage,
     refuse_arguments,
 )
 from .transfers import build_transfers
@@ -71,11 +73,6 @@ __all__ = [
 
 _runtime_ids = itertools.count()
 _spent = [0]  # runtimes of this process that gave up a step (PipelineRuntime._make_groups)
-
-
-def _arguments_key(runtime: int) -> str:
-    """Where the ranks agree on the arguments of their ``runtime``-th PipelineRuntime."""
-    return f"meshcast/pipeline/{runtime}/arguments"
 
 
 class PipelineRuntime:
@@ -134,16 +131,9 @@ class PipelineRuntime:
             layouts = dict(layouts or {})
             check_stages(graph, meshes, strategy, world, layouts)
             self.table = make_schedule(schedule, graph.num_stages, num_microbatches)
-            if timeout_problem(timeout) is not None:
-                raise ValueError(timeout_problem(timeout))
-            self.stage: int | None = next((i for i, m in enumerate(meshes) if self.rank in m),
-                                          None)
-            if (self.stage is None) != (stage_module is None):
-                where = "in no mesh" if self.stage is None else f"on stage {self.stage}"
-                raise ValueError(f"rank {self.rank}: stage_module must be given exactly on the "
-                                 f"ranks of a mesh (this rank is {where})")
+            self.stage = own_stage(self.rank, meshes, stage_module, timeout)
         except (TypeError, ValueError) as exc:  # told to the peers, which wait for this rank
-            refuse_arguments(self._store, _arguments_key(self.id), self.rank, exc)
+            refuse_arguments(self._store, arguments_key(self.id), self.rank, exc)
             raise
         self.graph = graph
         self.meshes = tuple(meshes)
@@ -178,7 +168,7 @@ class PipelineRuntime:
         tensor-parallel groups and the boundary groups of the generation that every rank's count
         of runtimes that gave up a step gives (their boundary groups' call numbers may differ
         between ranks, so a later runtime takes new ones)."""
-        generation = max(agree_arguments(self._store, _arguments_key(self.id), self.rank, world,
+        generation = max(agree_arguments(self._store, arguments_key(self.id), self.rank, world,
                                          arguments, self.timeout, extra=_spent[0]))
         # tensor-parallel groups: every rank creates every stage's group, in stage order
         self.tp_group: dist.ProcessGroup | None = None
@@ -192,6 +182,8 @@ class PipelineRuntime:
             kind: tensor_parallel_group(range(world), self.timeout, f"{purpose} #{generation}")
             for kind, purpose in (("F", "activations"), ("B", "gradients"))
         }
+        for group in self._groups.values():  # each transfer is made by its stages' ranks only
+            calls_by_plan_ranks(group)
 
     def set_module(self, stage_module: nn.Module) -> None:
         """Replace this rank's stage module (e.g. one built after the runtime, with its

@@ -13,12 +13,14 @@ from typing import Any
 
 import torch
 
+from ..core.mesh import Mesh
+from ..runtime.execute import timeout_problem
 from ..runtime.store_keys import wait_for_keys
 from .graph import TensorEdge
 
 __all__ = [
     "POLL_S", "REMOTE_POLL_S", "Microbatches", "PipelineError", "Slot", "StepAbort", "StepResult",
-    "agree_arguments", "refuse_arguments",
+    "agree_arguments", "arguments_key", "own_stage", "refuse_arguments",
 ]
 
 POLL_S = 0.05
@@ -134,6 +136,26 @@ class StepAbort:
                 raise PipelineError(
                     f"{self.who}: waited more than {self.timeout:g} s for {what} (ranks "
                     f"involved: {sorted(ranks)})", ranks)
+
+
+def arguments_key(runtime: int) -> str:
+    """Where the ranks agree on the arguments of their ``runtime``-th PipelineRuntime."""
+    return f"meshcast/pipeline/{runtime}/arguments"
+
+
+def own_stage(
+    rank: int, meshes: Sequence[Mesh], module: object, timeout: object
+) -> int | None:
+    """``rank``'s stage (None: in no mesh), checking that it was given a ``module`` exactly if
+    it has one, and ``timeout``."""
+    if timeout_problem(timeout) is not None:
+        raise ValueError(timeout_problem(timeout))
+    stage = next((i for i, m in enumerate(meshes) if rank in m), None)
+    if (stage is None) != (module is None):
+        where = "in no mesh" if stage is None else f"on stage {stage}"
+        raise ValueError(f"rank {rank}: stage_module must be given exactly on the ranks of a "
+                         f"mesh (this rank is {where})")
+    return stage
 
 
 def refuse_arguments(store: Any, key: str, rank: int, exc: BaseException) -> None:

@@ -16,7 +16,8 @@ peer is (``meshcast/at/<rank>``) and refuses at once when the peer
   board.next_step), a call that this rank has not made: its plan differs from its peers', or its
   plan was unusable (a rank shows its last few refusals, so a slow peer still finds them).
   Steps agree where every rank makes every call (SPMD, as with DTensor); where
-  they do not, such a peer is waited for.
+  they do not, such a peer is waited for (a group whose calls are made by their plans' ranks
+  only, board.calls_by_plan_ranks, compares no steps at all).
 
 A peer that is merely busy elsewhere (an earlier call, compute) is waited for, up to ``timeout``;
 so is a peer that still waits in the agreement of a call of an earlier step, which this rank has
@@ -44,7 +45,7 @@ from .agree_keys import (
     verdict_of,
     where_is,
 )
-from .board import Call, calls_made, recent_refusals
+from .board import Call, calls_made, recent_refusals, steps_agree
 from .errors import ReshardError
 
 __all__ = ["agree", "refuse_early"]
@@ -237,9 +238,10 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
     where = {q: where_is(call, q) for q in missing}
     waiting = {q: at is not None and at["state"] == "agreeing"
                and not settled(call, at["call"]) for q, at in where.items()}
+    spmd = steps_agree(call.group)  # else a peer's step says nothing of the call it makes
     differ = [q for q, at in where.items() if at is not None and at["family"] != call.family
               and at["ranks"] == list(call.ranks)
-              and (waiting[q] or at["step"] == call.step)
+              and (waiting[q] or (spmd and at["step"] == call.step))
               and at["number"] >= calls_made(call.group, at["family"])]
     if differ:  # the same ranks, waiting for each other with different plans
         q = differ[0]
@@ -256,7 +258,7 @@ def _conflict(call: Call, missing: list[int], what: str) -> tuple[int, str] | No
             return q, (f"rank {q} waits for rank {call.me} in a call with another plan "
                        f"({theirs}), while rank {call.me}'s plan ({mine}) waits for rank {q}: "
                        f"{advice}")
-        for refusal in at.get("refusals", ()):  # also where it went on to a call of this plan
+        for refusal in at.get("refusals", ()) if spmd else ():  # (also where it went on)
             if refusal["step"] != call.step or refusal["family"] == call.family:
                 continue  # another step of the program (or this very call, on another rank)
             if call.me in refusal["ranks"] and refusal["number"] < calls_made(

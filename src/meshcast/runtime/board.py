@@ -31,7 +31,8 @@ from torch.distributed import distributed_c10d as c10d
 from .blame import Fault
 from .joint import JointGroup
 
-__all__ = ["Call", "calls_made", "next_step", "ranks_digest", "recent_refusals", "store_of"]
+__all__ = ["Call", "calls_by_plan_ranks", "calls_made", "next_step", "ranks_digest",
+           "recent_refusals", "steps_agree", "store_of"]
 
 
 class _GroupCalls:
@@ -44,12 +45,13 @@ class _GroupCalls:
     store keys that every rank of a call must agree on, so forgetting a live family would make
     this rank reuse a name its peers have moved past (a refused or hanging call)."""
 
-    __slots__ = ("numbers", "refusals", "steps")
+    __slots__ = ("numbers", "refusals", "spmd", "steps")
 
     def __init__(self) -> None:
         self.steps = 0
         self.numbers: dict[str, int] = {}
         self.refusals: list[dict[str, Any]] = []
+        self.spmd = True
 
 
 _groups: dict[int, tuple[weakref.ref, _GroupCalls]] = {}
@@ -114,6 +116,20 @@ def next_step(group: dist.ProcessGroup) -> int:
         step = calls.steps
         calls.steps = step + 1
         return step
+
+
+def calls_by_plan_ranks(group: dist.ProcessGroup) -> None:
+    """Say that on ``group`` each call is made by its plan's ranks only, not by every rank (the
+    pipeline's boundary groups): the ranks' steps (:func:`next_step`) then say nothing about
+    which call a peer makes, and the agreement does not compare them (agree.py)."""
+    with _counter_lock:
+        _group_calls(group).spmd = False
+
+
+def steps_agree(group: dist.ProcessGroup) -> bool:
+    """Whether every rank of ``group`` makes every call on it (:func:`calls_by_plan_ranks`)."""
+    with _counter_lock:
+        return _group_calls(group).spmd
 
 
 def calls_made(group: dist.ProcessGroup, family: str) -> int:
