@@ -259,3 +259,37 @@ def test_wrong_dtype_is_reported_on_every_rank() -> None:
             f"meshcast.reshard on rank {rank}: ranks [0] passed inputs that do not fit the plans "
             f"(rank 0: local has dtype torch.float64 on rank 0; the plan moves torch.float32); "
             f"nothing was sent")
+
+
+def _waits_elsewhere(rank: int) -> str:
+    """Rank 0 calls on the default group with rank 1; rank 1 is in a call with rank 2 on
+    another group over the same ranks; rank 2 is busy (it sleeps past both timeouts)."""
+    import torch
+    import torch.distributed as dist
+
+    other = dist.new_group([0, 1, 2])
+    ones = ReshardTask((8,), "float32", Layout(Mesh([0]), "R"), Layout(Mesh([1]), "R"))
+    twos = ReshardTask((8,), "float32", Layout(Mesh([2]), "R"), Layout(Mesh([1]), "R"))
+    try:
+        if rank == 0:
+            meshcast.reshard(torch.ones(8), plan(ones, TOPOLOGY), timeout=3)
+        elif rank == 1:
+            meshcast.reshard(None, plan(twos, TOPOLOGY), group=other, timeout=6)
+        else:
+            time.sleep(8)
+    except meshcast.ReshardError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_a_timeout_follows_the_missing_rank_to_the_call_it_waits_in_on_another_group() -> None:
+    told = meshcast.launch(_waits_elsewhere, 3, hosts=TOPOLOGY, timeout=60)
+    assert re.search(r"ranks \[1\] did not join the input agreement within 3 s \(rank 1 has not "
+                     r"called meshcast on this process group; global rank 1 waits for global "
+                     r"ranks \[2\] in a meshcast.reshard on process group '\w+' \(global ranks "
+                     r"1..2, for \d+ s\); global ranks \[2\] wait in no meshcast agreement: busy "
+                     r"elsewhere, or dead\)", told[0]), told[0]
+    assert "ranks [2] did not join the input agreement within 6 s (rank 2 has not called " \
+           "meshcast on this process group)" in told[1], told[1]
+    assert told[2] == "no error"

@@ -47,6 +47,7 @@ from .agree_keys import (
 )
 from .board import Call, calls_made, recent_refusals, steps_agree
 from .errors import ReshardError
+from .whereabouts import chain, forget, leave_note
 
 __all__ = ["agree", "refuse_early"]
 
@@ -104,6 +105,8 @@ def agree(
         raise ReshardError(
             f"{call.caller} on rank {call.me}: the process group's store failed during the "
             f"input agreement after {call.elapsed():.2f} s: {exc}", call.ranks) from exc
+    finally:
+        forget(call)
     if not verdict["ok"]:
         _refused(call, here)
         _raise_refusal(call, records, verdict, record["what"])
@@ -197,7 +200,10 @@ class _Missing:
 
     def __call__(self, call: Call, key: str, count: int) -> list[int]:
         if count != self.count:
-            self.count, self.ranks = count, missing_ranks(call, key)
+            self.count, ranks = count, missing_ranks(call, key)
+            if ranks and ranks != self.ranks:  # seen from other groups too (whereabouts.py)
+                leave_note(call, ranks)
+            self.ranks = ranks
         return self.ranks
 
 
@@ -286,9 +292,11 @@ def _absent(call: Call, missing: list[int]) -> str:
             where.append(f"rank {q}'s last call was another ({at['what']} over ranks "
                          f"{_ranks(at['ranks'])}{refused}) and it has not come to this one: "
                          f"busy elsewhere, or dead")
+    further = chain(call, missing)  # where they wait, on other groups
     return (
         f"ranks {missing} did not join the input agreement within {call.timeout:g} s "
-        f"({'; '.join(where)}) (ranks involved: {list(call.ranks)})"
+        f"({'; '.join(where)}{'; ' + further if further else ''}) (ranks involved: "
+        f"{list(call.ranks)})"
     )
 
 
