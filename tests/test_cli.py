@@ -53,6 +53,14 @@ def test_plan_json(capsys):
     assert plan == mc.plan(TASK, strategy="broadcast")
 
 
+def test_a_0_d_shape_is_empty(capsys):
+    for empty in ("", "()"):
+        assert main(["plan", "--shape", empty, "--src", "2:", "--dst", "2@2:", "--json"]) == 0
+        plan = mc.Plan.from_json(capsys.readouterr().out)
+        assert plan.task.shape == () and plan == mc.plan(mc.ReshardTask(
+            (), "float32", mc.Layout.parse("2:"), mc.Layout.parse("2@2:")))
+
+
 @pytest.mark.parametrize(
     "flags, api",
     [

@@ -134,6 +134,9 @@ def test_plan_json_with_a_missing_or_malformed_field():
         mc.Topology.from_json({})
     with pytest.raises(TypeError, match="takes a JSON string"):
         mc.Plan.from_json(None)
+    for text in ("not json", b"\xff", "{"):
+        with pytest.raises(ValueError, match="not a meshcast plan: the text is not JSON"):
+            mc.Plan.from_json(text)
 
 
 def test_layout_mesh_and_topology_constructors_say_what_is_wrong():

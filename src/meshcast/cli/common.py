@@ -153,7 +153,10 @@ MAX_DIM = 2**63 - 1
 
 
 def shape_arg(text: str) -> tuple[int, ...]:
-    """``"1024,1024,512"`` -> (1024, 1024, 512): sizes >= 0 separated by commas."""
+    """``"1024,1024,512"`` -> (1024, 1024, 512): sizes >= 0 separated by commas; ``""`` (or
+    ``"()"``) is a 0-d tensor's shape."""
+    if text.strip() in ("", "()"):
+        return ()
     try:
         shape = tuple(int(s) for s in text.split(","))
     except ValueError:

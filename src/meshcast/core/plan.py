@@ -196,7 +196,10 @@ class Plan:
         if not isinstance(text, (str, bytes, bytearray, dict)):
             raise TypeError(f"Plan.from_json takes a JSON string or its parsed dict, got "
                             f"{type(text).__name__}")
-        data = text if isinstance(text, dict) else json.loads(text)
+        try:
+            data = text if isinstance(text, dict) else json.loads(text)
+        except ValueError as exc:  # (json's error says where, not what)
+            raise ValueError(f"not a meshcast plan: the text is not JSON ({exc})") from None
         if not isinstance(data, dict) or data.get("format") != "meshcast.plan/1":
             raise ValueError("not a meshcast plan: no \"format\": \"meshcast.plan/1\" field")
         try:

@@ -307,7 +307,7 @@ class PipelineRuntime:
             loss = None
             if last:
                 if mbs.targets is None:
-                    raise ValueError("the last stage needs target")
+                    raise ValueError(f"{self._step.who}: the last stage needs target")
                 loss = self.loss_fn(out[mbs.outputs[0]], mbs.targets[b]) / m
         t2 = time.perf_counter()
         self._hand_over_forward(b, out, mbs.sends)
