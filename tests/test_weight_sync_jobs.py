@@ -192,3 +192,14 @@ def test_misuse_on_one_rank_is_refused_on_both_sides_before_anything_moves() -> 
         for text in seen[:2]:
             assert "nothing was sent" in text, text
         assert "name_map raised KeyError: 'b'" in seen[2], seen[2]
+
+
+@pytest.mark.timeout(200)
+def test_a_tied_engine_weight_is_received_once_and_disconnect_skips_failed_ranks() -> None:
+    results = _both(jobs.tied_engine)
+    assert isinstance(results["engine"], mc.LaunchError), results  # engine rank 1 exited
+    for error, caught in results["trainer"]:
+        assert "engine rank 1" in error, error
+        assert caught == [], caught  # not waited for: it was named as failed
+    assert "exited with code 3" in results["engine"].failures[1]
+    assert "AssertionError" not in str(results["engine"]), results["engine"]  # exact, in place

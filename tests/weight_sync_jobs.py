@@ -546,3 +546,41 @@ def store_holder_exits_after_push(rank: int, address: str, role: str) -> object:
         return got.version, bool((w == 1).all())
     except mc.WeightSyncError as exc:
         return str(exc)
+
+
+def tied_engine(rank: int, address: str, role: str) -> object:
+    """The engine's embedding and output head are one tensor (a tied model's ``state_dict()``),
+    both names fed from the trainer's embedding by the mapping: received once, in place, staged
+    (version 1) and not (version 2); then engine rank 1 exits as version 3 is pushed, and the
+    trainer's ``disconnect`` does not wait for the rank its failed push named."""
+    import os
+    import warnings
+
+    import torch
+
+    shape, mesh = (16, 8), mc.Mesh([0, 1])
+    tied = {"embed": "embed", "head": "embed"}
+    group = mc.connect(address, role, model="tied", timeout=60)
+    if role == "trainer":
+        spec = {"embed": mc.ParamSpec(shape, torch.float32, mc.Layout(mesh, "S0R"))}
+        syncs = [mc.WeightSync(group, spec, mapping=tied, atomic=a, timeout=20) for a in (1, 0)]
+        local = mc.Layout(mesh, "S0R").shard_shape(rank, shape)
+        for v in (1, 2, 3):
+            try:
+                syncs[v == 2].push({"embed": torch.full(local, float(v))}, version=v)
+            except mc.WeightSyncError as exc:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    mc.disconnect(group)
+                return [str(exc), [str(w.message) for w in caught]]
+        return "pushed"
+    layout = mc.Layout(mesh, "RS0")
+    spec = {n: mc.ParamSpec(shape, torch.bfloat16, layout) for n in tied}
+    syncs = [mc.WeightSync(group, spec, mapping=tied, atomic=a, timeout=20) for a in (1, 0)]
+    weight = torch.zeros(layout.shard_shape(rank, shape), dtype=torch.bfloat16)
+    for v in (1, 2):
+        got = syncs[v == 2].receive({"embed": weight, "head": weight})
+        if got.version != v or not (weight == v).all() or got.tensors["head"] is not weight:
+            raise AssertionError(f"the tied weight at version {v}: {got.version}, {weight}")
+    os._exit(3) if rank == 1 else time.sleep(5)
+    return "received"

@@ -322,16 +322,34 @@ def engine_whole(route: Route, target: Any, me: int, rank: int, errors: list[str
     return target
 
 
-def shared_targets_problem(targets: Mapping[str, Any], rank: int) -> list[str]:
+def shared_targets_problem(targets: dict[str, Any], routes: Sequence[Route], rank: int
+                           ) -> list[str]:
     """[why] engine ``targets`` (name -> tensor or None) that share memory cannot all be received
-    into (each would get another tensor's data; staged, the last copy into them would win)."""
+    into (each would get another tensor's data; staged, the last copy into them would win). A
+    tied weight, the same tensor under two names that are each fed whole from the same trainer
+    tensor alike, is received once: the target of every name but the first becomes None here
+    (its result is the caller's tensor, which the first fills)."""
     from ..runtime.overlap import shared_pair
 
+    feeds: dict[str, list[Route]] = {}
+    for route in routes:
+        feeds.setdefault(route.target, []).append(route)
+    first: dict[tuple, str] = {}
+    for name, t in list(targets.items()):
+        feed = feeds.get(name, [])
+        if t is None or len(feed) != 1 or (feed[0].piece is not None and feed[0].piece.path):
+            continue  # (a piece without a path is the whole tensor)
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), feed[0].source, feed[0].task)
+        if key in first:  # the same view, fed alike: the tied name's data comes with the first
+            targets[name] = None
+        first.setdefault(key, name)
     shared = shared_pair([(f"params[{n!r}]", t) for n, t in targets.items() if t is not None], [])
     if shared is None:
         return []
-    return [f"{shared[0]} shares memory with {shared[1]} on engine rank {rank}: each would "
-            f"receive another tensor's data; pass separate tensors (a tied weight under one name)"]
+    return [f"{shared[0]} shares memory with {shared[1]} on engine rank {rank}: what one "
+            f"receives would overwrite the other; a tied weight is received once where its "
+            f"names are the same tensor fed from one trainer tensor (mapping), else declare it "
+            f"under one name"]
 
 
 def trainer_shard_problem(shard: Any, route: Route, declared: str, me: int) -> str | None:

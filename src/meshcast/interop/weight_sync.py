@@ -240,7 +240,7 @@ class WeightSync:
         scales = scale_targets(self.fp8, params, me, self.group.rank, _local, errors)
         targets.update(scales)
         if params is not None:
-            errors += shared_targets_problem(targets, self.group.rank)
+            errors += shared_targets_problem(targets, self.routes, self.group.rank)
         into = self._stage(targets) if self.atomic and params is not None else targets
 
         def prepare() -> None:  # the FP8 tensors' scales, from the amax exchange
@@ -295,10 +295,9 @@ class WeightSync:
     def _run(self, shards: list, outs: list, errors: list[str], version: object,
              what: str, prepare: Callable[[], None], apply: Callable[[], None] | None = None,
              ) -> tuple[SyncResult, list[torch.Tensor | None]]:
-        """One sync on this rank: begin (every rank came, the version follows the rule), the
-        transfer, the commit, then ``apply`` (the engine's copy into its parameters), with
-        SIGINT deferred throughout: Ctrl-C fails the sync on every rank (unless it had already
-        succeeded everywhere) and raises ``KeyboardInterrupt`` here, naming it."""
+        """One sync on this rank: begin, the transfer, the commit, then ``apply`` (the engine's
+        copy into its parameters), SIGINT deferred throughout: Ctrl-C fails the sync on every
+        rank (unless it had succeeded everywhere) and raises ``KeyboardInterrupt`` here."""
         step, self.steps = self.steps, self.steps + 1
         caller = f"meshcast.WeightSync.{what}"
         with deferred_interrupts() as sigint:
@@ -306,6 +305,7 @@ class WeightSync:
                 result, results = self._sync(step, shards, outs, errors, version, caller,
                                              prepare, sigint)
             except (ValueError, WeightSyncError) as exc:
+                self.group.failed.update(getattr(exc, "failed", ()))  # (disconnect skips them)
                 if sigint.hit:
                     raise KeyboardInterrupt(str(exc)) from exc
                 raise

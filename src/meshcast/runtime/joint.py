@@ -57,6 +57,7 @@ class JointGroup:
         self._groups: dict[str, dist.ProcessGroup] = {"gloo": gloo}
         self._lock = threading.Lock()
         self.closed = False  # (disconnect closes it)
+        self.failed: set[int] = set()  # joint ranks a sync on the group named as failed
         self._syncs = 0
         self._begun = [0, 0]  # weight syncs begun on the group; the first whose keys are kept
 

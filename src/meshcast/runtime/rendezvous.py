@@ -249,16 +249,17 @@ def _join(store: dist.Store, info: dict, role: str, rank: int, timeout: float,
 def disconnect(group: JointGroup, timeout: float | None = None) -> None:
     """Leave ``group`` on every rank of both jobs together: wait (at most ``timeout``, default
     the group's) until every joint rank has called, so the trainer's rank 0, which holds the
-    rendezvous store, outlives every use of it; then drop the backend groups. Ranks that do not
-    come (dead, or the store gone with trainer rank 0) are named in a ``UserWarning`` and the
-    group is left all the same."""
+    rendezvous store, outlives every use of it; then drop the backend groups. Ranks that a
+    weight sync on the group named as failed are not waited for; others that do not come (dead,
+    or the store gone with trainer rank 0) are named in a ``UserWarning`` and the group is left
+    all the same."""
     seconds = group.timeout if timeout is None else timeout
-    keys = [f"bye/{j}" for j in range(group.size)]
+    keys = [f"bye/{j}" for j in range(group.size) if j == group.me or j not in group.failed]
     try:
-        group.store.set(keys[group.me], "1")
+        group.store.set(f"bye/{group.me}", "1")
         why = None
         if not wait_for_keys(group.store, keys, seconds):
-            absent = [j for j, k in enumerate(keys) if not group.store.check([k])]
+            absent = [int(k[4:]) for k in keys if not group.store.check([k])]
             why = f"{group.describe(absent)} did not disconnect within {seconds:g} s"
     except Exception:  # the store went with trainer rank 0
         why = (f"the rendezvous store at {group.address} (held by trainer rank 0) cannot be "
