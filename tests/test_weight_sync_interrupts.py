@@ -34,7 +34,7 @@ import weight_sync_interrupt_job as job
 import meshcast as mc
 
 ROLES = ("trainer", "engine")
-LEGEND = "joint ranks 0-1 are trainer ranks 0-1, 2-3 engine ranks 0-1"
+LEGEND = "joint ranks 0-1 are trainer ranks 0-1, 2-3 are engine ranks 0-1"
 RULE = ("a push's version must be an int, the same on every trainer rank, and greater than the "
         "last version synced")
 ALL = "trainer rank 0, trainer rank 1, engine rank 0, engine rank 1"

@@ -183,7 +183,7 @@ def test_misuse_on_one_rank_is_refused_on_both_sides_before_anything_moves() -> 
     for texts in crossed:  # two syncs in another order: refused, nothing sent
         for text in texts:
             assert "another order" in text and "nothing was sent" in text, text
-            assert "joint ranks 0-1 are trainer ranks 0-1, 2-3 engine ranks 0-1" in text, text
+            assert "joint ranks 0-1 are trainer ranks 0-1, 2-3 are engine ranks 0-1" in text, text
     assert [seen[8] for seen in engine] == [True, True]  # then in the same order, exact
     for seen in [t[7:] for t in trainer] + [e[9:] for e in engine]:
         assert "params['a'] shares memory with params['b'] on engine rank" in seen[0], seen[0]

@@ -88,12 +88,15 @@ class JointGroup:
 
     def legend(self) -> str:
         """How joint ranks read as ``(job, rank)``, for messages that name joint ranks."""
-        def span(r: range) -> str:
-            return f"{r.start}" if len(r) == 1 else f"{r.start}-{r.stop - 1}"
+        def side(role: str, first: bool) -> str:  # "joint ranks 2-3 are engine ranks 0-1"
+            r = self.ranks(role)
+            one = len(r) == 1
+            span = f"{r.start}" if one else f"{r.start}-{r.stop - 1}"
+            own = "0" if one else f"0-{len(r) - 1}"
+            return (f"joint rank{'' if one else 's'} " if first else "") + \
+                f"{span} {'is' if one else 'are'} {role} rank{'' if one else 's'} {own}"
 
-        t, e = self.ranks(ROLES[0]), self.ranks(ROLES[1])
-        return (f"joint ranks {span(t)} are {ROLES[0]} ranks {span(range(len(t)))}, {span(e)} "
-                f"{ROLES[1]} ranks {span(range(len(e)))}")
+        return f"{side(ROLES[0], True)}, {side(ROLES[1], False)}"
 
     def next_sync(self) -> int:
         """A number for the next object built on this group that keeps keys in its store (every
