@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -245,20 +246,22 @@ class _Skip(torch.nn.Module):
     """Three stages: 0 sends ``h`` to 1 (float64 where the graph says float32: its transfer is
     refused) and ``skip`` to 2, 1 sends ``h1`` to 2."""
 
-    def __init__(self, stage: int) -> None:
+    def __init__(self, stage: int, fault: str = "dtype") -> None:
         super().__init__()
-        self.stage, self.lin = stage, torch.nn.Linear(4, 4)
+        self.stage, self.lin, self.fault = stage, torch.nn.Linear(4, 4), fault
 
     def forward(self, d: dict) -> dict:
         if self.stage == 0:
             h = self.lin(d["x"])
-            return {"h": h.double(), "skip": h}
+            return {"h": h.double() if self.fault == "dtype" else h, "skip": h}
+        if self.fault == "hang":  # rank 2 of stage 1: stuck in its forward past the timeout
+            time.sleep(12)
         if self.stage == 1:
             return {"h1": self.lin(d["h"])}
         return {"y": self.lin(d["h1"] + d["skip"])}
 
 
-def _skip_job(rank: int) -> str:
+def _skip_job(rank: int, fault: str = "dtype") -> str:
     from meshcast.pipeline import StageGraph, TensorEdge
     from meshcast.pipeline.runtime import PipelineError, PipelineRuntime
 
@@ -266,9 +269,10 @@ def _skip_job(rank: int) -> str:
                            TensorEdge("h1", 1, 2, (3, 4))), (("x", 0),), (("y", 2),))
     meshes = (meshcast.Mesh([0]), meshcast.Mesh([1, 2]), meshcast.Mesh([3]))
     stage = {0: 0, 1: 1, 2: 1, 3: 2}[rank]
-    pipe = PipelineRuntime(_Skip(stage), graph, meshes, schedule="1f1b", num_microbatches=2,
+    pipe = PipelineRuntime(_Skip(stage, fault if rank in (0, 2) else ""), graph, meshes,
+                           schedule="1f1b", num_microbatches=2,
                            loss_fn=torch.nn.functional.mse_loss, layouts={"h": ("RR", "S0R")},
-                           timeout=30)
+                           timeout=30 if fault == "dtype" else 5)
     try:
         pipe.train_step({"x": torch.ones(6, 4)}, torch.zeros(6, 4))
         return "no error"
@@ -282,3 +286,13 @@ def test_a_refused_transfer_is_named_on_every_rank_not_taken_for_another_plan() 
     for rank, text in enumerate(meshcast.launch(_skip_job, 4, timeout=90)):
         assert "local has dtype torch.float64 on rank 0" in text, (rank, text)
         assert "another plan" not in text, (rank, text)
+
+
+def test_a_rank_stuck_in_its_stage_is_named_by_where_the_others_wait() -> None:
+    """Rank 2 (stage 1 with rank 1) sleeps in its forward: the rank whose wait times out first
+    names it, from the notes of the ranks' waits (runtime/whereabouts.py: rank 2 waits for its
+    own computation only); every other rank gives up the step with that message."""
+    told = meshcast.launch(_skip_job, 4, args=("hang",), timeout=90)
+    for rank in (0, 1, 3):
+        assert "global ranks [2] are computing (waited for, not waiting)" in told[rank], \
+            (rank, told[rank])

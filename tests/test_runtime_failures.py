@@ -286,10 +286,10 @@ def _waits_elsewhere(rank: int) -> str:
 def test_a_timeout_follows_the_missing_rank_to_the_call_it_waits_in_on_another_group() -> None:
     told = meshcast.launch(_waits_elsewhere, 3, hosts=TOPOLOGY, timeout=60)
     assert re.search(r"ranks \[1\] did not join the input agreement within 3 s \(rank 1 has not "
-                     r"called meshcast on this process group; global rank 1 waits for global "
-                     r"ranks \[2\] in a meshcast.reshard on process group '\w+' \(global ranks "
-                     r"1..2, for \d+ s\); global ranks \[2\] wait in no meshcast agreement: busy "
-                     r"elsewhere, or dead\)", told[0]), told[0]
+                     r"called meshcast on this process group; global rank 1 waits in a "
+                     r"meshcast.reshard on process group '\w+' \(global ranks 1..2\) for global "
+                     r"ranks \[2\], for \d+ s; global ranks \[2\] wait in no meshcast agreement: "
+                     r"busy elsewhere, or dead\)", told[0]), told[0]
     assert "ranks [2] did not join the input agreement within 6 s (rank 2 has not called " \
            "meshcast on this process group)" in told[1], told[1]
     assert told[2] == "no error"

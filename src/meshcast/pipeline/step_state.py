@@ -16,6 +16,7 @@ import torch
 from ..core.mesh import Mesh
 from ..runtime.execute import timeout_problem
 from ..runtime.store_keys import wait_for_keys
+from ..runtime.whereabouts import chain_of, drop_wait, note_wait
 from .graph import TensorEdge
 
 __all__ = [
@@ -116,8 +117,20 @@ class StepAbort:
         return None
 
     def wait(self, event: threading.Event, what: str, ranks: Sequence[int]) -> None:
-        """Wait for ``event`` at most ``timeout``; raise early if this step aborts anywhere."""
-        deadline = time.monotonic() + self.timeout
+        """Wait for ``event`` at most ``timeout``; raise early if this step aborts anywhere. A
+        wait longer than one look leaves a note of it (runtime/whereabouts.py) while it lasts."""
+        if event.wait(POLL_S):
+            return
+        own = list(ranks) == [self.rank]  # (its own stage's compute: the chain ends here)
+        note_wait(event, self.rank, f"(stage {self.stage}) waits for {what}", [] if own else ranks,
+                  time.time() - POLL_S, compute=not own)  # (the others: the compute thread's)
+        try:
+            self._wait(event, what, ranks)
+        finally:
+            drop_wait(event, self.rank)
+
+    def _wait(self, event: threading.Event, what: str, ranks: Sequence[int]) -> None:
+        deadline = time.monotonic() + self.timeout - POLL_S
         next_remote = time.monotonic() + REMOTE_POLL_S
         while not event.wait(POLL_S):
             if self.event.is_set():
@@ -132,10 +145,11 @@ class StepAbort:
                     self.event.set()
                     raise PipelineError(
                         f"{self.who}: gave up waiting for {what}, because {remote}", ranks)
-            if now > deadline:
+            if now > deadline:  # (where the ranks wait, as their notes say: whereabouts.py)
+                notes = chain_of(sorted(ranks))
                 raise PipelineError(
                     f"{self.who}: waited more than {self.timeout:g} s for {what} (ranks "
-                    f"involved: {sorted(ranks)})", ranks)
+                    f"involved: {sorted(ranks)}{'; ' + notes if notes else ''})", ranks)
 
 
 def arguments_key(runtime: int) -> str:

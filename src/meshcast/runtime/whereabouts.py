@@ -18,6 +18,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -26,7 +27,7 @@ from torch.distributed import distributed_c10d as c10d
 from .board import Call
 from .joint import JointGroup
 
-__all__ = ["chain", "forget", "leave_note"]
+__all__ = ["chain", "chain_of", "drop_wait", "forget", "leave_note", "note_wait"]
 
 _KEY = "meshcast/where/{}"
 _HOPS = 4  # notes followed at most (a chain of waits longer than this is cut)
@@ -46,8 +47,32 @@ def _store_and_ranks(call: Call) -> tuple[Any, Any] | None:
     return store, lambda r: dist.get_global_rank(group, r)
 
 
-_notes: dict[int, dict[str, Any]] = {}  # this process's notes by id(call): one per thread's call
+_notes: dict[int, dict[str, Any]] = {}  # this process's notes by owner: one per waiting thread
 _lock = threading.Lock()
+
+
+def note_wait(owner: object, me: int, text: str, missing: Sequence[int], since: float,
+              compute: bool = False) -> None:
+    """Say in the default store that global rank ``me`` (this process) ``text`` ("waits in ...")
+    for global ranks ``missing`` (none: for its own computation) since ``since``
+    (``time.time()``), until :func:`drop_wait` of the same ``owner``; ``compute``: the wait is
+    its computation's own (so that computation is not running). Best effort: nothing without a
+    default store."""
+    if not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception), _lock:
+        _notes[id(owner)] = {"text": text, "missing": list(missing), "since": since,
+                             "compute": compute}
+        _write(c10d._get_default_store(), _KEY.format(me))
+
+
+def drop_wait(owner: object, me: int) -> None:
+    """Take the note of ``owner`` away (its wait ended)."""
+    if id(owner) not in _notes:  # (most waits: they were short)
+        return
+    with contextlib.suppress(Exception), _lock:
+        if _notes.pop(id(owner), None) is not None:
+            _write(c10d._get_default_store(), _KEY.format(me))
 
 
 def _write(store: Any, key: str) -> None:
@@ -58,46 +83,49 @@ def _write(store: Any, key: str) -> None:
         store.delete_key(key)
 
 
-def leave_note(call: Call, missing: list[int]) -> bool:
-    """Say in the default store that this rank waits in ``call`` for ``missing`` (group ranks);
-    True if a note was left (best effort)."""
+def leave_note(call: Call, missing: list[int]) -> None:
+    """:func:`note_wait` for an agreement of ``call`` that misses ``missing`` (group ranks)."""
     where = _store_and_ranks(call)
-    if where is None:
-        return False
-    store, to_global = where
-    with contextlib.suppress(Exception), _lock:
-        _notes[id(call)] = {
-            "what": call.caller, "group": getattr(call.group, "group_name", "default"),
-            "ranks": [to_global(r) for r in call.ranks],
-            "missing": [to_global(r) for r in missing], "since": call.wall}
-        _write(store, _KEY.format(to_global(call.me)))
-        return True
-    return False
+    if where is not None:
+        to_global = where[1]
+        note_wait(call, to_global(call.me), f"waits in a {call.caller} on process group "
+                  f"{getattr(call.group, 'group_name', 'default')!r} (global ranks "
+                  f"{_span([to_global(r) for r in call.ranks])})",
+                  [to_global(r) for r in missing], call.wall)
 
 
 def forget(call: Call) -> None:
-    """Take this rank's note of ``call`` away (its agreement ended)."""
-    if id(call) not in _notes:  # (most calls: they never waited long)
-        return
-    where = _store_and_ranks(call)
-    if where is not None:
-        with contextlib.suppress(Exception), _lock:
-            if _notes.pop(id(call), None) is not None:
-                _write(where[0], _KEY.format(where[1](call.me)))
+    """Take the note of ``call``'s agreement away (it ended)."""
+    if id(call) in _notes:
+        where = _store_and_ranks(call)
+        if where is not None:
+            drop_wait(call, where[1](call.me))
 
 
 def chain(call: Call, missing: list[int]) -> str:
-    """What the notes say of ``missing`` (group ranks) that are in no call on this group: each
-    that waits in a call on another group, for which ranks, down to ranks in no call ("" when
-    no note says anything)."""
+    """What the notes say of ``missing`` (group ranks of ``call``) that are in no call on this
+    group: each that waits in a call on another group, for which ranks, down to ranks in no
+    call ("" when no note says anything)."""
     where = _store_and_ranks(call)
     if where is None:
         return ""
-    store, to_global = where
-    told, seen, ends = [], set(), []
-    todo = [to_global(q) for q in missing]
+    gone = [where[1](q) for q in missing]
+    return chain_of(gone, skip=gone, store=where[0])
+
+
+def chain_of(ranks: Sequence[int], skip: Sequence[int] = (), store: Any = None) -> str:
+    """What the notes say of global ``ranks`` (each note of the first of them; then, followed
+    down the ranks they wait for, the ranks at the end: in no wait at all, named unless in
+    ``skip``, or whose only own waits are for their own computation); "" when no note says
+    anything (or without a default store)."""
+    if store is None:
+        if not dist.is_initialized():
+            return ""
+        with contextlib.suppress(Exception):
+            store = c10d._get_default_store()
+    told, seen, ends, busy, todo = [], set(), [], [], list(ranks)
     with contextlib.suppress(Exception):
-        for _ in range(_HOPS):
+        for hop in range(_HOPS):
             nxt = []
             for g in todo:
                 if g in seen:
@@ -107,20 +135,22 @@ def chain(call: Call, missing: list[int]) -> str:
                 notes = json.loads(store.get(key).decode()) if store.check([key]) else []
                 if not notes:
                     ends.append(g)
-                for note in notes:
-                    told.append(f"global rank {g} waits for global ranks {note['missing']} in "
-                                f"a {note['what']} on process group {note['group']!r} (global "
-                                f"ranks {_span(note['ranks'])}, for "
-                                f"{time.time() - note['since']:.0f} s)")
-                    nxt += note["missing"]
+                if any(n["missing"] == [] for n in notes) and not any(
+                        n.get("compute") for n in notes):  # its computation: never waits
+                    busy.append(g)
+                for note in notes if hop == 0 else ():
+                    told.append(f"global rank {g} {note['text']}" + (
+                        f" for global ranks {note['missing']}" if note["missing"] else "")
+                        + f", for {time.time() - note['since']:.0f} s")
+                nxt += [q for n in notes for q in n["missing"]]
             todo = nxt
             if not todo:
                 break
-    if not told:
-        return ""
-    last = [g for g in ends if g not in {to_global(q) for q in missing}]
-    return "; ".join(told) + (f"; global ranks {last} wait in no meshcast agreement: busy "
-                              f"elsewhere, or dead" if last else "")
+    last = [g for g in ends if g not in set(skip)]
+    told += [f"global ranks {last} wait in no meshcast agreement: busy elsewhere, or dead"] * bool(
+        last and told) + [f"global ranks {busy} are computing (waited for, not waiting)"] * bool(
+        busy)
+    return "; ".join(told)
 
 
 def _span(ranks: list[int]) -> str:
