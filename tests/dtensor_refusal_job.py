@@ -83,6 +83,13 @@ def main(out: Path) -> None:
     report["state dict then"] = (
         _exact(got.get("w"), torch.full((7, 5), 100.0), dst, [Shard(0)])
         and _exact(got.get("b"), x, dst, [Shard(1)]))
+
+    # 4. a keyword argument reshard_dtensor does not take, on rank 3 alone
+    extra = {"bogus_option": 1} if rank == BAD else {"bucket_bytes": 1 << 20}
+    report["keyword"] = _refused(lambda: meshcast.reshard_dtensor(dt, dst, [Shard(0)],
+                                                                  timeout=TIMEOUT, **extra))
+    report["keyword then"] = _exact(meshcast.reshard_dtensor(dt, dst, [Shard(0)],
+                                                             timeout=TIMEOUT), x, dst, [Shard(0)])
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 

@@ -56,6 +56,21 @@ def test_one_rank_refusing_its_dtensor_arguments_is_refused_everywhere_at_once(
 
 
 @pytest.mark.timeout(400)
+def test_a_keyword_one_rank_passes_and_reshard_dtensor_does_not_take_is_refused_everywhere(
+        reports: list[dict]) -> None:
+    rule = ("reshard_dtensor got unexpected keyword arguments ['bogus_option'] (it passes "
+            "bucket_bytes on to meshcast.reshard_many, nothing else)")
+    assert reports[3]["keyword"][:2] == ["TypeError", rule]
+    for rank in range(3):
+        kind, text, seconds = reports[rank]["keyword"]
+        assert kind == "ValueError" and seconds < QUICK_S, (rank, kind, seconds)
+        # (told before the others came, or after: rank 3 may be in its next call already)
+        assert (f"rank 3 refused its call before joining it (an argument error: {rule})" in text
+                or "ranks [3] refused this call before joining it and came on" in text), text
+    assert [r["keyword then"] for r in reports] == [True] * 4
+
+
+@pytest.mark.timeout(400)
 def test_a_partial_source_is_not_reduced_before_every_rank_agrees(reports: list[dict]) -> None:
     # rank 3 refuses at once and comes to its next call first: the others' call is refused
     for rank in range(3):

@@ -286,15 +286,19 @@ def reshard_dtensor(
     (:data:`REDUCTIONS`; module docstring). ``strategy`` and
     ``balance`` go to :func:`meshcast.plan` (default: ``balance="auto"``); ``topology`` defaults
     to :func:`resolve_topology`. Plans are cached by (shape, dtype, layouts, topology, options);
-    ``plan`` skips planning altogether. Other keyword arguments (``bucket_bytes``) go to
-    :func:`meshcast.reshard_many`, which runs the plan. The result is a new tensor that does not
-    require grad.
+    ``plan`` skips planning altogether. ``bucket_bytes`` goes to :func:`meshcast.reshard_many`,
+    which runs the plan; any other keyword is refused on every rank. The result is a new
+    tensor that does not require grad.
     """
     from ..runtime.arguments import publish_refusal
     from ..runtime.execute import DEFAULT_TIMEOUT
     from ..runtime.many import agree_before, run_many
 
     try:  # what this rank alone gets wrong is told to the others before they wait for it
+        if set(runtime_options) - {"bucket_bytes"}:
+            raise TypeError(f"reshard_dtensor got unexpected keyword arguments "
+                            f"{sorted(set(runtime_options) - {'bucket_bytes'})} (it passes "
+                            f"bucket_bytes on to meshcast.reshard_many, nothing else)")
         task, plan = _task_and_plan(dt, device_mesh, placements, reduce_partial, plan,
                                     topology, strategy, balance)
     except (TypeError, ValueError) as exc:
