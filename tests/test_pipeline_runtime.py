@@ -255,7 +255,7 @@ class _Skip(torch.nn.Module):
             h = self.lin(d["x"])
             return {"h": h.double() if self.fault == "dtype" else h, "skip": h}
         if self.fault == "hang":  # rank 2 of stage 1: stuck in its forward past the timeout
-            time.sleep(12)
+            time.sleep(8)
         if self.stage == 1:
             return {"h1": self.lin(d["h"])}
         return {"y": self.lin(d["h1"] + d["skip"])}
@@ -272,7 +272,7 @@ def _skip_job(rank: int, fault: str = "dtype") -> str:
     pipe = PipelineRuntime(_Skip(stage, fault if rank in (0, 2) else ""), graph, meshes,
                            schedule="1f1b", num_microbatches=2,
                            loss_fn=torch.nn.functional.mse_loss, layouts={"h": ("RR", "S0R")},
-                           timeout=30 if fault == "dtype" else 5)
+                           timeout=30 if fault == "dtype" else 3)
     try:
         pipe.train_step({"x": torch.ones(6, 4)}, torch.zeros(6, 4))
         return "no error"
