@@ -6,10 +6,12 @@ pipeline runtime's activations and gradients, a sub-group): its timeout would bl
 healthy but waiting, rather than the rank the peer waits for. A rank that has waited a while
 (agree.py's first look around) therefore also leaves a note in the default group's store,
 ``meshcast/where/<global rank>``: its call, on which group, and the global ranks it still
-misses; the note goes when the agreement ends. A timeout then follows the notes from the ranks it
-misses to the ranks at the end of the chain (:func:`chain`). Only slow agreements write notes:
-a call whose ranks come together costs nothing more. Joint groups (two jobs) have no default
-store in common and keep no notes.
+misses; the note goes when the agreement ends. Other long waits leave notes the same way
+(:func:`note_wait`: the pipeline runtime's waits for a tensor, or for the rank's own
+computation). A timeout then follows the notes from the ranks it misses to the ranks at the end
+of the chain (:func:`chain`, :func:`chain_of`): ranks in no wait at all, or computing. Only
+slow waits write notes: a call whose ranks come together costs nothing more. Joint groups (two
+jobs) have no default store in common and keep no notes.
 """
 
 from __future__ import annotations
