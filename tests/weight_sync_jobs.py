@@ -563,7 +563,7 @@ def tied_engine(rank: int, address: str, role: str) -> object:
     group = mc.connect(address, role, model="tied", timeout=60)
     if role == "trainer":
         spec = {"embed": mc.ParamSpec(shape, torch.float32, mc.Layout(mesh, "S0R"))}
-        syncs = [mc.WeightSync(group, spec, mapping=tied, atomic=a, timeout=20) for a in (1, 0)]
+        syncs = [mc.WeightSync(group, spec, mapping=tied, atomic=a, timeout=8) for a in (1, 0)]
         local = mc.Layout(mesh, "S0R").shard_shape(rank, shape)
         for v in (1, 2, 3):
             try:
@@ -576,7 +576,7 @@ def tied_engine(rank: int, address: str, role: str) -> object:
         return "pushed"
     layout = mc.Layout(mesh, "RS0")
     spec = {n: mc.ParamSpec(shape, torch.bfloat16, layout) for n in tied}
-    syncs = [mc.WeightSync(group, spec, mapping=tied, atomic=a, timeout=20) for a in (1, 0)]
+    syncs = [mc.WeightSync(group, spec, mapping=tied, atomic=a, timeout=8) for a in (1, 0)]
     weight = torch.zeros(layout.shard_shape(rank, shape), dtype=torch.bfloat16)
     for v in (1, 2):
         got = syncs[v == 2].receive({"embed": weight, "head": weight})
