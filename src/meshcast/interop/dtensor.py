@@ -295,10 +295,10 @@ def reshard_dtensor(
     from ..runtime.many import agree_before, run_many
 
     try:  # what this rank alone gets wrong is told to the others before they wait for it
-        if set(runtime_options) - {"bucket_bytes"}:
-            raise TypeError(f"reshard_dtensor got unexpected keyword arguments "
-                            f"{sorted(set(runtime_options) - {'bucket_bytes'})} (it passes "
-                            f"bucket_bytes on to meshcast.reshard_many, nothing else)")
+        unknown = sorted(set(runtime_options) - {"bucket_bytes"})
+        if unknown:
+            raise TypeError(f"reshard_dtensor got unexpected keyword arguments {unknown} (it "
+                            f"passes bucket_bytes on to meshcast.reshard_many, nothing else)")
         task, plan = _task_and_plan(dt, device_mesh, placements, reduce_partial, plan,
                                     topology, strategy, balance)
     except (TypeError, ValueError) as exc:

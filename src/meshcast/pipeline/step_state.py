@@ -162,8 +162,9 @@ def own_stage(
 ) -> int | None:
     """``rank``'s stage (None: in no mesh), checking that it was given a ``module`` exactly if
     it has one, and ``timeout``."""
-    if timeout_problem(timeout) is not None:
-        raise ValueError(timeout_problem(timeout))
+    why = timeout_problem(timeout)
+    if why is not None:
+        raise ValueError(why)
     stage = next((i for i, m in enumerate(meshes) if rank in m), None)
     if (stage is None) != (module is None):
         where = "in no mesh" if stage is None else f"on stage {stage}"

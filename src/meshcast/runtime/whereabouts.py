@@ -20,7 +20,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -35,18 +35,15 @@ _KEY = "meshcast/where/{}"
 _HOPS = 4  # notes followed at most (a chain of waits longer than this is cut)
 
 
-def _store_and_ranks(call: Call) -> tuple[Any, Any] | None:
-    """The default store and a group rank -> global rank function, or None (no notes)."""
+def _to_global(call: Call) -> Callable[[int], int] | None:
+    """``call``'s group rank -> global rank, or None where there are no notes (a joint group,
+    or no default group)."""
     if isinstance(call.group, JointGroup) or not dist.is_initialized():
-        return None
-    try:
-        store = c10d._get_default_store()
-    except Exception:
         return None
     group = call.group
     if group is dist.group.WORLD or group is None:
-        return store, lambda r: r
-    return store, lambda r: dist.get_global_rank(group, r)
+        return lambda r: r
+    return lambda r: dist.get_global_rank(group, r)
 
 
 _notes: dict[int, dict[str, Any]] = {}  # this process's notes by owner: one per waiting thread
@@ -87,9 +84,8 @@ def _write(store: Any, key: str) -> None:
 
 def leave_note(call: Call, missing: list[int]) -> None:
     """:func:`note_wait` for an agreement of ``call`` that misses ``missing`` (group ranks)."""
-    where = _store_and_ranks(call)
-    if where is not None:
-        to_global = where[1]
+    to_global = _to_global(call)
+    if to_global is not None:
         note_wait(call, to_global(call.me), f"waits in a {call.caller} on process group "
                   f"{getattr(call.group, 'group_name', 'default')!r} (global ranks "
                   f"{_span([to_global(r) for r in call.ranks])})",
@@ -98,33 +94,32 @@ def leave_note(call: Call, missing: list[int]) -> None:
 
 def forget(call: Call) -> None:
     """Take the note of ``call``'s agreement away (it ended)."""
-    if id(call) in _notes:
-        where = _store_and_ranks(call)
-        if where is not None:
-            drop_wait(call, where[1](call.me))
+    to_global = _to_global(call) if id(call) in _notes else None
+    if to_global is not None:
+        drop_wait(call, to_global(call.me))
 
 
 def chain(call: Call, missing: list[int]) -> str:
     """What the notes say of ``missing`` (group ranks of ``call``) that are in no call on this
     group: each that waits in a call on another group, for which ranks, down to ranks in no
     call ("" when no note says anything)."""
-    where = _store_and_ranks(call)
-    if where is None:
+    to_global = _to_global(call)
+    if to_global is None:
         return ""
-    gone = [where[1](q) for q in missing]
-    return chain_of(gone, skip=gone, store=where[0])
+    gone = [to_global(q) for q in missing]
+    return chain_of(gone, skip=gone)
 
 
-def chain_of(ranks: Sequence[int], skip: Sequence[int] = (), store: Any = None) -> str:
+def chain_of(ranks: Sequence[int], skip: Sequence[int] = ()) -> str:
     """What the notes say of global ``ranks`` (each note of the first of them; then, followed
     down the ranks they wait for, the ranks at the end: in no wait at all, named unless in
     ``skip``, or whose only own waits are for their own computation); "" when no note says
     anything (or without a default store)."""
-    if store is None:
-        if not dist.is_initialized():
-            return ""
-        with contextlib.suppress(Exception):
-            store = c10d._get_default_store()
+    if not dist.is_initialized():
+        return ""
+    store = None
+    with contextlib.suppress(Exception):
+        store = c10d._get_default_store()
     told, seen, ends, busy, todo = [], set(), [], [], list(ranks)
     with contextlib.suppress(Exception):
         for hop in range(_HOPS):
